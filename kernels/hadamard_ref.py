@@ -1,0 +1,47 @@
+"""Reference random Hadamard transform (RHT) in tiles of 16 along one axis.
+
+M = H16 / 4 · diag(signs) is orthogonal, so (M a)ᵀ(M b) = aᵀb. The product is accumulated in a fixed
+order (j = 0..15, then the exact ·1/4) so that the fused Triton version matches it bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoprec.kernels.quantized import normalize_axis
+
+TILE = 16
+DEFAULT_RHT_SEED = 0
+
+
+def sylvester_hadamard(n: int = TILE) -> torch.Tensor:
+    """Unnormalised ±1 Sylvester Hadamard matrix of size n (a power of two)."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+def rht_signs(seed: int = DEFAULT_RHT_SEED) -> torch.Tensor:
+    """The run's fixed ±1 sign vector of length 16, reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2, (TILE,), generator=gen).to(torch.float32) * 2 - 1
+
+
+def rht_matrix(signs: torch.Tensor) -> torch.Tensor:
+    """The ±1 matrix H16 · diag(signs) (the 1/4 normalisation is applied separately, exactly)."""
+    return sylvester_hadamard(TILE) * signs.to(torch.float32)[None, :]
+
+
+def rht_ref(x: torch.Tensor, axis: int, signs: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply the RHT to fp32 copies of ``x`` in consecutive 16-tiles along ``axis``."""
+    axis = normalize_axis(axis, x.ndim)
+    if x.shape[axis] % TILE:
+        raise ValueError(
+            f"RHT: dim {axis} of shape {tuple(x.shape)} has size {x.shape[axis]}, not a multiple of {TILE}"
+        )
+    m = rht_matrix(rht_signs() if signs is None else signs).to(x.device)
+    t = x.to(torch.float32).movedim(axis, -1).unflatten(-1, (-1, TILE))
+    y = torch.zeros_like(t)
+    for j in range(TILE):
+        y = y + t[..., j : j + 1] * m[:, j]
+    return (y * 0.25).flatten(-2).movedim(-1, axis)

@@ -1,0 +1,53 @@
+"""Reference MXFP8 quantizer: E4M3 or E5M2 elements in blocks of 32 with an E8M0 scale.
+
+Scale exponent RCEIL (default, as NVIDIA hardware and cuBLAS) or FLOOR (OCP v1.0). A block holding
+NaN/Inf gets scale code 255 (NaN), so it dequantizes to NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import MXFP8, MXFP8_E5M2, Format
+from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
+from autoprec.kernels.rounding_ref import e8m0_decode, e8m0_floor, e8m0_rceil, pow2, round_to_element
+
+SCALE_MODES = ("rceil", "floor")
+E8M0_NAN = 255
+
+
+def check_mx_format(fmt: Format, scale_mode: str) -> None:
+    if fmt not in (MXFP8, MXFP8_E5M2):
+        raise ValueError(f"MXFP8 quantize needs format mxfp8 or mxfp8_e5m2, got {fmt.name!r}")
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"unknown MX scale_mode {scale_mode!r}; valid: {', '.join(SCALE_MODES)}")
+
+
+def quantize_mxfp8_ref(
+    x: torch.Tensor,
+    axis: int = -1,
+    *,
+    fmt: Format = MXFP8,
+    scale_mode: str = "rceil",
+    rand: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """Quantize ``x`` to MXFP8 in blocks of 32 along ``axis``; ``rand`` (int32) selects SR."""
+    check_mx_format(fmt, scale_mode)
+    xm = blocked_view(x, fmt, axis)
+    axis = normalize_axis(axis, x.ndim)
+    blocks = xm.unflatten(-1, (-1, fmt.block_size))
+    amax_b = blocks.abs().amax(-1)
+    exp_fn = e8m0_rceil if scale_mode == "rceil" else e8m0_floor
+    e = exp_fn(amax_b, fmt.elem)
+    r = None if rand is None else rand.movedim(axis, -1).contiguous().unflatten(-1, (-1, fmt.block_size))
+    elems = round_to_element(blocks * pow2(-e)[..., None], fmt.elem, r)
+    bad = ~torch.isfinite(blocks).all(-1)
+    scales = torch.where(bad, E8M0_NAN, e + 127).to(torch.uint8)
+    codes = elems.flatten(-2).to(fmt.elem.torch_dtype)
+    return QuantizedTensor(fmt, codes, scales, None, axis, x.shape)
+
+
+def dequantize_mxfp8_ref(q: QuantizedTensor) -> torch.Tensor:
+    """fp32 values ``element · 2**(scale - 127)`` in the logical layout of the original tensor."""
+    vals = q.codes.to(torch.float32).unflatten(-1, (-1, q.fmt.block_size))
+    out = vals * e8m0_decode(q.scales)[..., None]
+    return out.flatten(-2).movedim(-1, q.axis)

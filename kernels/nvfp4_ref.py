@@ -1,0 +1,87 @@
+"""Reference NVFP4 quantizer: E2M1 codes, E4M3 block scales (1x16 or 16x16), FP32 tensor scale.
+
+The scale chain follows DESIGN.md §3 step by step in fp32. Non-finite input: the tensor scale falls
+back to 1 and every block holding NaN/Inf gets a NaN scale, so it dequantizes to NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import E2M1, E4M3, NVFP4
+from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
+from autoprec.kernels.rounding_ref import (
+    FLT_MAX,
+    e2m1_decode,
+    e2m1_encode,
+    pack_nibbles,
+    round_to_element,
+    unpack_nibbles,
+)
+
+BLOCK = NVFP4.block_size
+# a tensor, not a Python float: torch computes ``float / tensor`` as ``reciprocal(tensor) * float``,
+# which is not the correctly rounded fp32 quotient the scale chain specifies
+FP4_TIMES_FP8_MAX = torch.tensor(448.0 * 6.0, dtype=torch.float32)
+ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=torch.float32)
+
+
+def nvfp4_encode_scale(amax_t: torch.Tensor) -> torch.Tensor:
+    """S_enc = min(448·6 / amax_t, FLT_MAX), and 1 where amax_t is 0 or non-finite or S_enc is 0."""
+    s_enc = torch.clamp(FP4_TIMES_FP8_MAX / amax_t, max=FLT_MAX)
+    ok = (amax_t > 0) & torch.isfinite(amax_t) & (s_enc > 0)
+    return torch.where(ok, s_enc, torch.ones_like(s_enc))
+
+
+def _tile(x: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(..., K) -> (..., K/16, 16) blocks, or (R, K) -> (R/16, K/16, 256) tiles."""
+    if tile_rows == 1:
+        return x.unflatten(-1, (-1, BLOCK))
+    r, k = x.shape
+    return x.reshape(r // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3).flatten(-2)
+
+
+def _untile(t: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    if tile_rows == 1:
+        return t.flatten(-2)
+    rb, kb, _ = t.shape
+    return t.unflatten(-1, (BLOCK, BLOCK)).permute(0, 2, 1, 3).reshape(rb * BLOCK, kb * BLOCK)
+
+
+def quantize_nvfp4_ref(
+    x: torch.Tensor,
+    axis: int = -1,
+    *,
+    tile2d: bool = False,
+    rand: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """Quantize ``x`` to NVFP4 in blocks of 16 along ``axis`` (16x16 tiles with ``tile2d``).
+
+    ``rand`` (int32, x's shape) switches element rounding to stochastic; scales always round to
+    nearest even.
+    """
+    tile_rows = BLOCK if tile2d else 1
+    xm = blocked_view(x, NVFP4, axis, tile_rows)
+    axis = normalize_axis(axis, x.ndim)
+    s_enc = nvfp4_encode_scale(xm.abs().amax() if xm.numel() else torch.tensor(0.0))
+    s_dec = 1.0 / s_enc
+
+    blocks = _tile(xm, tile_rows)
+    bad = ~torch.isfinite(blocks).all(-1)
+    amax_b = blocks.abs().amax(-1)
+    s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH), E4M3)
+    s_b = torch.where(bad, float("nan"), s_b)
+    e_b = torch.clamp(1.0 / (s_b * s_dec), max=FLT_MAX)
+
+    r = None if rand is None else _tile(rand.movedim(axis, -1).contiguous(), tile_rows)
+    v = round_to_element(torch.clamp(blocks * e_b[..., None], -E2M1.max, E2M1.max), E2M1, r)
+    codes = pack_nibbles(e2m1_encode(_untile(v, tile_rows)))
+    return QuantizedTensor(
+        NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec.reshape(()), axis, x.shape, tile_rows
+    )
+
+
+def dequantize_nvfp4_ref(q: QuantizedTensor) -> torch.Tensor:
+    """fp32 values ``code · fp32(s_b) · S_dec`` in the logical layout of the original tensor."""
+    vals = _tile(e2m1_decode(unpack_nibbles(q.codes)), q.tile_rows)
+    out = vals * q.scales.to(torch.float32)[..., None] * q.tensor_scale
+    return _untile(out, q.tile_rows).movedim(-1, q.axis)

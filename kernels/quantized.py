@@ -1,0 +1,73 @@
+"""The quantized tensor: real codes + block scales (+ tensor scale), with the block axis recorded."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autoprec.formats import Format
+
+SR_SEED_BITS = 24
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A block-quantized tensor.
+
+    Storage keeps the block axis last: ``codes`` and ``scales`` are laid out for
+    ``x.movedim(axis, -1)``. NVFP4 codes are uint8 with two E2M1 codes per byte (even index in the
+    low nibble) and ``scales`` are float8_e4m3fn with an fp32 ``tensor_scale`` (S_dec); MXFP8 codes
+    are float8 and ``scales`` are uint8 E8M0 codes. ``tile_rows`` is 16 for 16x16 weight tiles (one
+    scale per tile; storage must then be 2D) and 1 for ordinary 1-D blocks.
+    """
+
+    fmt: Format
+    codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: torch.Tensor | None
+    axis: int
+    shape: torch.Size
+    tile_rows: int = 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually held: codes, scales and tensor scale."""
+        total = self.codes.nbytes + self.scales.nbytes
+        return total + (self.tensor_scale.nbytes if self.tensor_scale is not None else 0)
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for a tensor with {ndim} dims")
+    return axis % ndim
+
+
+def blocked_view(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) -> torch.Tensor:
+    """fp32 ``x`` with ``axis`` moved last, checked for whole blocks (and whole 16-row tiles)."""
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{fmt.name} quantize needs a floating-point tensor, got {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError(f"{fmt.name} quantize needs at least one dimension, got a scalar")
+    axis = normalize_axis(axis, x.ndim)
+    k = x.shape[axis]
+    if k % fmt.block_size:
+        raise ValueError(
+            f"{fmt.name}: dim {axis} of shape {tuple(x.shape)} has size {k}, "
+            f"not a multiple of the block size {fmt.block_size}"
+        )
+    xm = x.to(torch.float32).movedim(axis, -1).contiguous()
+    if tile_rows > 1:
+        if x.ndim != 2:
+            raise ValueError(f"{fmt.name}: 16x16 tiles need a 2D tensor, got shape {tuple(x.shape)}")
+        if xm.shape[0] % tile_rows:
+            raise ValueError(
+                f"{fmt.name}: 16x16 tiles need both dims of shape {tuple(x.shape)} "
+                f"to be multiples of {tile_rows}"
+            )
+    return xm
+
+
+def sr_bits(shape: torch.Size | tuple[int, ...], seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Reproducible random bits for stochastic rounding: int32 in [0, 2**24), one per value."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(0, 1 << SR_SEED_BITS, tuple(shape), generator=gen, dtype=torch.int32, device=device)

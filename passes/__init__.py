@@ -1,0 +1,1 @@
+"""autoprec graph passes (analysis and rewrite), one pass per module."""

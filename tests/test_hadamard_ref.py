@@ -1,0 +1,39 @@
+"""Random Hadamard transform: orthogonal, preserves products, fixed and seedable signs."""
+import pytest
+import torch
+
+from autoprec.kernels import rht_ref, rht_signs
+from autoprec.kernels.hadamard_ref import rht_matrix
+from helpers import bits_equal
+
+
+def test_matrix_is_orthogonal():
+    m = rht_matrix(rht_signs()) * 0.25
+    assert torch.equal(m @ m.t(), torch.eye(16))
+    assert set(rht_signs().tolist()) == {-1.0, 1.0}
+
+
+def test_signs_seedable():
+    assert torch.equal(rht_signs(5), rht_signs(5)) and not torch.equal(rht_signs(0), rht_signs(1))
+
+
+def test_product_unchanged_to_fp32_rounding():
+    gen = torch.Generator().manual_seed(0)
+    dy, x = torch.randn(256, 64, generator=gen), torch.randn(256, 96, generator=gen)  # wgrad: reduce tokens
+    plain = dy.double().t() @ x.double()
+    ht = rht_ref(dy, 0).double().t() @ rht_ref(x, 0).double()
+    assert torch.allclose(ht, plain, rtol=0, atol=1e-5 * plain.abs().max().item())
+
+
+def test_inverse_and_axis():
+    x = torch.randn(3, 32, 5)
+    y = rht_ref(x, 1)
+    m = rht_matrix(rht_signs()) * 0.25
+    back = torch.einsum("ij,bkiz->bkjz", m, y.unflatten(1, (2, 16))).flatten(1, 2)
+    assert torch.allclose(back, x, atol=1e-6)
+    assert bits_equal(rht_ref(x.movedim(1, -1), -1).movedim(-1, 1), y)
+
+
+def test_bad_length():
+    with pytest.raises(ValueError, match=r"RHT: dim 0 of shape \(24, 4\)"):
+        rht_ref(torch.randn(24, 4), 0)
