@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import MXFP8, MXFP8_E5M2, Format
-from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
+from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
 from autoprec.kernels.rounding_ref import e8m0_decode, e8m0_floor, e8m0_rceil, pow2, round_to_element
 
 SCALE_MODES = ("rceil", "floor")
@@ -35,12 +35,11 @@ def quantize_mxfp8_ref(
     xm = blocked_view(x, fmt, axis)
     axis = normalize_axis(axis, x.ndim)
     blocks = xm.unflatten(-1, (-1, fmt.block_size))
-    amax_b = blocks.abs().amax(-1)
+    amax_b, bad = block_amax(blocks)
     exp_fn = e8m0_rceil if scale_mode == "rceil" else e8m0_floor
     e = exp_fn(amax_b, fmt.elem)
     r = None if rand is None else rand.movedim(axis, -1).contiguous().unflatten(-1, (-1, fmt.block_size))
     elems = round_to_element(blocks * pow2(-e)[..., None], fmt.elem, r)
-    bad = ~torch.isfinite(blocks).all(-1)
     scales = torch.where(bad, E8M0_NAN, e + 127).to(torch.uint8)
     codes = elems.flatten(-2).to(fmt.elem.torch_dtype)
     return QuantizedTensor(fmt, codes, scales, None, axis, x.shape)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import E2M1, E4M3, NVFP4
-from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
+from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
 from autoprec.kernels.rounding_ref import (
     FLT_MAX,
     e2m1_decode,
@@ -27,7 +27,7 @@ ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=torch.float32)
 
 def nvfp4_encode_scale(amax_t: torch.Tensor) -> torch.Tensor:
     """S_enc = min(448·6 / amax_t, FLT_MAX), and 1 where amax_t is 0 or non-finite or S_enc is 0."""
-    s_enc = torch.clamp(FP4_TIMES_FP8_MAX / amax_t, max=FLT_MAX)
+    s_enc = torch.clamp(FP4_TIMES_FP8_MAX.to(amax_t.device) / amax_t, max=FLT_MAX)
     ok = (amax_t > 0) & torch.isfinite(amax_t) & (s_enc > 0)
     return torch.where(ok, s_enc, torch.ones_like(s_enc))
 
@@ -62,13 +62,12 @@ def quantize_nvfp4_ref(
     tile_rows = BLOCK if tile2d else 1
     xm = blocked_view(x, NVFP4, axis, tile_rows)
     axis = normalize_axis(axis, x.ndim)
-    s_enc = nvfp4_encode_scale(xm.abs().amax() if xm.numel() else torch.tensor(0.0))
+    s_enc = nvfp4_encode_scale(xm.abs().amax() if xm.numel() else torch.zeros((), device=x.device))
     s_dec = 1.0 / s_enc
 
     blocks = _tile(xm, tile_rows)
-    bad = ~torch.isfinite(blocks).all(-1)
-    amax_b = blocks.abs().amax(-1)
-    s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH), E4M3)
+    amax_b, bad = block_amax(blocks)
+    s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH.to(x.device)), E4M3)
     s_b = torch.where(bad, float("nan"), s_b)
     e_b = torch.clamp(1.0 / (s_b * s_dec), max=FLT_MAX)
 

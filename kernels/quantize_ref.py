@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import BF16, NVFP4, Format, get_format
-from autoprec.kernels.mxfp8_ref import dequantize_mxfp8_ref, quantize_mxfp8_ref
+from autoprec.kernels.mxfp8_ref import check_mx_format, dequantize_mxfp8_ref, quantize_mxfp8_ref
 from autoprec.kernels.nvfp4_ref import dequantize_nvfp4_ref, quantize_nvfp4_ref
-from autoprec.kernels.quantized import QuantizedTensor, sr_bits
+from autoprec.kernels.quantized import QuantizedTensor, check_blocks, sr_bits
 
 ROUNDINGS = ("rne", "sr")
 
@@ -14,6 +14,22 @@ ROUNDINGS = ("rne", "sr")
 def check_rounding(rounding: str) -> None:
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+
+
+def check_quantize_args(
+    x: torch.Tensor, fmt: str | Format, axis: int, rounding: str, tile2d: bool, scale_mode: str
+) -> Format:
+    """Validate a quantize call (format, rounding, options, block shape); returns the Format."""
+    fmt = get_format(fmt)
+    check_rounding(rounding)
+    if not fmt.quantized:
+        raise ValueError(f"format {fmt.name!r} has no quantized storage; use fake_quantize_ref")
+    if tile2d and fmt is not NVFP4:
+        raise ValueError(f"tile2d (16x16 scales) is an NVFP4 option, not for {fmt.name!r}")
+    if fmt is not NVFP4:
+        check_mx_format(fmt, scale_mode)
+    check_blocks(x, fmt, axis, 16 if tile2d else 1)
+    return fmt
 
 
 def quantize_ref(
@@ -33,12 +49,7 @@ def quantize_ref(
     ``rand``, int32 of x's shape). ``tile2d`` (NVFP4 only) uses 16x16 tiles; ``scale_mode`` (MXFP8
     only) is ``rceil`` or ``floor``.
     """
-    fmt = get_format(fmt)
-    check_rounding(rounding)
-    if not fmt.quantized:
-        raise ValueError(f"format {fmt.name!r} has no quantized storage; use fake_quantize_ref")
-    if tile2d and fmt is not NVFP4:
-        raise ValueError(f"tile2d (16x16 scales) is an NVFP4 option, not for {fmt.name!r}")
+    fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
     if rounding == "sr" and rand is None:
         rand = sr_bits(x.shape, seed, x.device)
     elif rounding == "rne":

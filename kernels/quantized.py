@@ -42,8 +42,9 @@ def normalize_axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def blocked_view(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) -> torch.Tensor:
-    """fp32 ``x`` with ``axis`` moved last, checked for whole blocks (and whole 16-row tiles)."""
+def check_blocks(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) -> int:
+    """Validate ``x`` for quantizing along ``axis`` in whole blocks (and 16-row tiles); returns the
+    normalized axis."""
     if not x.dtype.is_floating_point:
         raise TypeError(f"{fmt.name} quantize needs a floating-point tensor, got {x.dtype}")
     if x.ndim == 0:
@@ -55,16 +56,32 @@ def blocked_view(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) ->
             f"{fmt.name}: dim {axis} of shape {tuple(x.shape)} has size {k}, "
             f"not a multiple of the block size {fmt.block_size}"
         )
-    xm = x.to(torch.float32).movedim(axis, -1).contiguous()
     if tile_rows > 1:
         if x.ndim != 2:
             raise ValueError(f"{fmt.name}: 16x16 tiles need a 2D tensor, got shape {tuple(x.shape)}")
-        if xm.shape[0] % tile_rows:
+        if x.shape[1 - axis] % tile_rows:
             raise ValueError(
                 f"{fmt.name}: 16x16 tiles need both dims of shape {tuple(x.shape)} "
                 f"to be multiples of {tile_rows}"
             )
-    return xm
+    return axis
+
+
+def blocked_view(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) -> torch.Tensor:
+    """fp32 ``x`` with ``axis`` moved last, after :func:`check_blocks`."""
+    axis = check_blocks(x, fmt, axis, tile_rows)
+    return x.to(torch.float32).movedim(axis, -1).contiguous()
+
+
+def block_amax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block max|x| over the finite values (last dim) and the mask of blocks holding NaN/Inf.
+
+    Non-finite blocks are marked by a NaN scale; leaving NaN/Inf out of the amax keeps their other
+    codes meaningful and is what a GPU max-reduction gives.
+    """
+    finite = torch.isfinite(blocks)
+    amax = torch.where(finite, blocks.abs(), torch.zeros_like(blocks)).amax(-1)
+    return amax, ~finite.all(-1)
 
 
 def sr_bits(shape: torch.Size | tuple[int, ...], seed: int, device: torch.device | str = "cpu") -> torch.Tensor:

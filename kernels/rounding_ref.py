@@ -86,7 +86,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def e8m0_rceil(amax: torch.Tensor, elem: ElementType) -> torch.Tensor:
     """RCEIL exponent ``clamp(ceil(log2(amax / elem.max)), -127, 127)`` from the fp32 bits (int32)."""
-    q = amax / elem.max
+    q = amax / torch.full_like(amax, elem.max)  # a tensor divisor: CUDA turns `/ scalar` into `* (1/scalar)`
     normal = floor_log2(q) + ((q.view(torch.int32) & 0x7FFFFF) != 0).to(torch.int32)
     # below 2**-126 the ratio is an fp32 subnormal (or zero): its ceil(log2) is -126 or clamps to -127
     tiny = torch.where(q > 2.0**-127, -126, -127)

@@ -15,3 +15,25 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def triton_interpreter() -> None:
+    """Run Triton kernels in the interpreter when there is no GPU (call before importing kernels)."""
+    import os
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def edge_tensor(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Random normal data with edge blocks: zero, Inf, -Inf, NaN, tiny (subnormal scales), saturating."""
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    x[0, :32] = 0.0
+    x[1, 3] = float("inf")
+    x[2, 40] = float("-inf")
+    x[3, 7] = float("nan")
+    x[4, :32] = 1e-30
+    x[5, :32] *= 2.0**-20
+    x[6, 0] = 3e38
+    x[7, 33] = -0.0
+    return x

@@ -1,0 +1,130 @@
+"""The one place that picks an implementation: Triton on CUDA, the reference on CPU.
+
+``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
+reference, ``auto`` (or unset) chooses by device. A forced Triton run that a kernel does not support
+raises with the kernel's reason; in ``auto`` mode such a call runs the reference, which is bit-exact
+with the kernel, so nothing is lost but speed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from autoprec.formats import Format
+from autoprec.kernels.hadamard_ref import rht_ref
+from autoprec.kernels.operand import Operand, as_operand
+from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
+from autoprec.kernels.quantized import QuantizedTensor, sr_bits
+
+MODES = ("auto", "triton", "ref")
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def kernel_mode() -> str:
+    mode = os.environ.get("AUTOPREC_KERNELS", "auto").lower()
+    if mode not in MODES:
+        raise ValueError(f"AUTOPREC_KERNELS={mode!r} is not valid; use one of {', '.join(MODES)}")
+    return mode
+
+
+def triton_runtime_reason(device: torch.device) -> str | None:
+    """Why Triton cannot run on ``device`` here (None when it can)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'autoprec[triton]')"
+    if device.type == "cuda":
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1" and device.type == "cpu":
+        return None
+    return f"Triton needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors; got device {device}"
+
+
+def _use_triton(device: torch.device, reason: str | None) -> bool:
+    mode = kernel_mode()
+    if mode == "ref":
+        return False
+    reason = triton_runtime_reason(device) or reason
+    if mode == "triton" and reason:
+        raise ValueError(f"AUTOPREC_KERNELS=triton, but the Triton kernel cannot run: {reason}")
+    return reason is None and (mode == "triton" or device.type == "cuda")
+
+
+def quantize_supports(x: torch.Tensor) -> str | None:
+    """Why the Triton quantizer does not take this (already validated) input; None when it does."""
+    if x.dtype not in TRITON_DTYPES:
+        return f"dtype {x.dtype} (the kernel reads float32, bfloat16 or float16)"
+    if x.numel() == 0:
+        return "an empty tensor"
+    return None
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str | Format,
+    axis: int = -1,
+    *,
+    rounding: str = "rne",
+    seed: int = 0,
+    rand: torch.Tensor | None = None,
+    tile2d: bool = False,
+    scale_mode: str = "rceil",
+    rht: bool = False,
+    rht_signs: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """Quantize ``x`` along ``axis`` (``quantize_ref``'s options), with the RHT along ``axis`` first
+    when ``rht`` is set (fused into the Triton kernel)."""
+    fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
+    if rounding == "sr" and rand is None:
+        rand = sr_bits(x.shape, seed, x.device)
+    rand = rand if rounding == "sr" else None
+    if _use_triton(x.device, quantize_supports(x)):
+        from autoprec.kernels.quantize_triton import quantize_triton
+
+        return quantize_triton(x, fmt, axis, rand=rand, tile2d=tile2d, scale_mode=scale_mode, rht=rht,
+                               rht_signs_=rht_signs)
+    if rht:
+        x = rht_ref(x, axis, rht_signs)
+    return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode)
+
+
+def dequantize(q: QuantizedTensor) -> torch.Tensor:
+    """fp32 values of ``q`` (elementwise, so the reference serves every device)."""
+    return dequantize_ref(q)
+
+
+def scaled_mm_supports(a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
+    """Why the Triton block-scaled matmul does not take these operands (None when it does)."""
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        return f"out_dtype {out_dtype} (the kernel writes float32 or bfloat16)"
+    if a.rows == 0 or b.rows == 0 or a.k == 0:
+        return "an empty operand"
+    return None
+
+
+def scaled_mm(
+    a: QuantizedTensor | torch.Tensor,
+    b: QuantizedTensor | torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``a @ b (+ bias)`` for a (M, K) blocked along K and b (K, N) blocked along K; either may also
+    be a plain bfloat16 tensor. Accumulates in fp32 and rounds once to ``out_dtype``."""
+    oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
+    if oa.k != ob.k:
+        raise ValueError(f"scaled_mm: reduction dims differ, a has K={oa.k} and b has K={ob.k}")
+    if bias is not None and bias.shape != (ob.rows,):
+        raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
+    if _use_triton(oa.codes.device, scaled_mm_supports(oa, ob, out_dtype)):
+        from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
+
+        return scaled_mm_triton(oa, ob, bias, out_dtype)
+    y = torch.matmul(_values(a), _values(b))
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype)
+
+
+def _values(x: QuantizedTensor | torch.Tensor) -> torch.Tensor:
+    return dequantize_ref(x) if isinstance(x, QuantizedTensor) else x.to(torch.float32)
+

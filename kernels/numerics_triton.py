@@ -1,0 +1,115 @@
+"""Triton device helpers replaying ``rounding_ref`` bit for bit.
+
+Floats are never cast down by Triton (the interpreter rounds those casts wrongly): values are rounded
+with exact fp32 arithmetic and integer work on the fp32 bits, and 8-bit codes are assembled as
+integers and stored as uint8. Clamps use ``tl.where`` so NaN passes through as in torch (GPU
+``min``/``max`` would drop it).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FLT_MAX = 3.4028234663852886e38
+MAGIC_RNE = 8388608.0
+
+
+@triton.jit
+def floor_log2(a):
+    """floor(log2 a) of positive fp32 from the exponent field (fp32 subnormals give -127)."""
+    return ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def pow2(e):
+    """Exact fp32 2**e for int32 e in [-126, 127]."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def clamp_keep_nan(x, lo, hi):
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def round_to_element(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr):
+    """RNE (or, with SR, stochastic with the low 24 bits of ``rand``) onto a float grid, saturating."""
+    bits = x.to(tl.int32, bitcast=True)
+    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    a = tl.where(a > MAX, MAX, a)
+    e = tl.maximum(floor_log2(a), EMIN) - MBITS
+    s = a * pow2(-e)
+    if SR:
+        lo = tl.floor(s)
+        u = (rand & 0xFFFFFF).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
+        r = lo + tl.where(u < s - lo, 1.0, 0.0)
+    else:
+        r = (s + MAGIC_RNE) - MAGIC_RNE
+    mag = (r * pow2(e)).to(tl.int32, bitcast=True)
+    return (mag | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def encode_float8(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """uint8 code of fp32 values already on an E4M3/E5M2 grid; NaN gives 0x7F or 0xFF (torch's codes)."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    normal = ((floor_log2(a) + BIAS) << MBITS) | ((bits >> (23 - MBITS)) & ((1 << MBITS) - 1))
+    sub = (a * pow2(tl.full(a.shape, BIAS - 1 + MBITS, tl.int32))).to(tl.int32)
+    mag = tl.where(a >= pow2(tl.full(a.shape, 1 - BIAS, tl.int32)), normal, sub)
+    mag = tl.where(a != a, 0x7F, mag)
+    return (mag | ((bits >> 24) & 0x80)).to(tl.uint8)
+
+
+@triton.jit
+def decode_float8(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr):
+    """fp32 value of uint8 E4M3 (no Inf, NaN = S.1111.111) or E5M2 (IEEE-like) codes."""
+    c = c.to(tl.int32)
+    exp = (c >> MBITS) & ((1 << EBITS) - 1)
+    mant = c & ((1 << MBITS) - 1)
+    normal = ((exp - BIAS + 127) << 23) | (mant << (23 - MBITS))
+    sub = (mant.to(tl.float32) * pow2(tl.full(c.shape, 1 - BIAS - MBITS, tl.int32))).to(tl.int32, bitcast=True)
+    mag = tl.where(exp == 0, sub, normal)
+    if HAS_INF:
+        top = exp == (1 << EBITS) - 1
+        mag = tl.where(top & (mant == 0), 0x7F800000, tl.where(top, 0x7FC00000, mag))
+    else:
+        mag = tl.where((c & 0x7F) == 0x7F, 0x7FC00000, mag)
+    return (mag | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def encode_e2m1(v):
+    """4-bit codes (in int32) of fp32 values on the E2M1 grid; NaN encodes as 0."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    normal = ((((bits >> 23) & 0xFF) - 126) << 1) | ((bits >> 22) & 1)
+    mag = tl.where(a >= 1.0, normal, (a * 2.0).to(tl.int32))
+    code = mag | ((bits >> 28) & 0x8)
+    return tl.where(v != v, 0, code)
+
+
+@triton.jit
+def decode_e2m1(c):
+    """fp32 value of 4-bit E2M1 codes held in an int tensor."""
+    c = c.to(tl.int32)
+    exp = (c >> 1) & 3
+    mant = (c & 1).to(tl.float32)
+    mag = tl.where(exp == 0, mant * 0.5, pow2(exp - 1) * (1.0 + mant * 0.5))
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def decode_e8m0(c):
+    """fp32 2**(c - 127) of uint8 E8M0 codes; 255 is NaN."""
+    c = c.to(tl.int32)
+    v = tl.where(c == 0, 5.877471754111438e-39, pow2(tl.minimum(tl.maximum(c, 1), 254) - 127))
+    return tl.where(c == 255, float("nan"), v)
+
+
+@triton.jit
+def to_bf16_bits(x):
+    """Round fp32 to bfloat16 (RNE, NaN kept quiet) and return the 16 bits as int16."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(x != x, 0x7FC0, rounded & 0xFFFF).to(tl.int16)

@@ -1,0 +1,94 @@
+"""torch.library custom ops (``torch.ops.autoprec.*``) with fake implementations, so quantize,
+dequantize and the block-scaled matmul trace under torch.compile as single opaque nodes.
+
+Codes and scales cross the op boundary as uint8 (float8 bytes viewed as bytes); the format string
+says how to read them."""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import BF16, NVFP4, get_format
+from autoprec.kernels import dispatch
+from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
+
+Tensor = torch.Tensor
+
+
+def _stored_shape(shape, axis: int) -> list:
+    dims = list(shape)
+    return dims[:axis] + dims[axis + 1 :] + [dims[axis]]
+
+
+@torch.library.custom_op("autoprec::quantize", mutates_args=())
+def quantize(
+    x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8."""
+    q = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode, rht=rht)
+    ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=x.device)
+    return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone()
+
+
+@quantize.register_fake
+def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht):
+    f = get_format(fmt)
+    axis = normalize_axis(axis, x.ndim)
+    stored = _stored_shape(x.shape, axis)
+    lead, k = stored[:-1], stored[-1]
+    if f is NVFP4:
+        codes = x.new_empty(lead + [k // 2], dtype=torch.uint8)
+        scale_shape = [lead[0] // 16, k // 16] if tile2d else lead + [k // 16]
+        scales = x.new_empty(scale_shape, dtype=torch.uint8)
+    else:
+        codes = x.new_empty(stored, dtype=torch.uint8)
+        scales = x.new_empty(lead + [k // f.block_size], dtype=torch.uint8)
+    return codes, scales, x.new_empty((), dtype=torch.float32)
+
+
+def from_parts(codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, axis: int, shape, tile_rows: int) -> QuantizedTensor:
+    """Rebuild the QuantizedTensor that ``quantize`` returned in parts."""
+    f = get_format(fmt)
+    if f is NVFP4:
+        return QuantizedTensor(f, codes, scales.view(torch.float8_e4m3fn), ts, axis, torch.Size(shape), tile_rows)
+    return QuantizedTensor(f, codes.view(f.elem.torch_dtype), scales, None, axis, torch.Size(shape), tile_rows)
+
+
+@torch.library.custom_op("autoprec::dequantize", mutates_args=())
+def dequantize(
+    codes: Tensor, scales: Tensor, tensor_scale: Tensor, fmt: str, axis: int, shape: list[int], tile_rows: int
+) -> Tensor:
+    """fp32 values of a quantized tensor given in parts, contiguous in its logical ``shape``."""
+    return dispatch.dequantize(from_parts(codes, scales, tensor_scale, fmt, axis, shape, tile_rows)).contiguous()
+
+
+@dequantize.register_fake
+def _(codes, scales, tensor_scale, fmt, axis, shape, tile_rows):
+    return codes.new_empty(shape, dtype=torch.float32)
+
+
+def _operand(codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, k_axis: int, tile_rows: int):
+    """A scaled_mm operand from parts stored (rows, K): a QuantizedTensor, or bf16 values."""
+    f = get_format(fmt)
+    if f is BF16:
+        return codes if k_axis == 1 else codes.t()
+    rows, k = codes.shape[0], codes.shape[1] * (2 if f is NVFP4 else 1)
+    shape = (rows, k) if k_axis == 1 else (k, rows)
+    return from_parts(codes, scales, ts, fmt, k_axis, shape, tile_rows)
+
+
+@torch.library.custom_op("autoprec::scaled_mm", mutates_args=())
+def scaled_mm(
+    a_codes: Tensor, a_scales: Tensor, a_ts: Tensor, a_fmt: str,
+    b_codes: Tensor, b_scales: Tensor, b_ts: Tensor, b_fmt: str, b_tile_rows: int,
+    bias: Tensor | None, out_dtype: torch.dtype,
+) -> Tensor:
+    """A·B with A (M, K) and B stored (N, K), both blocked along K (bf16 operands: their values in
+    that layout, with any tensor passed as scales)."""
+    a = _operand(a_codes, a_scales, a_ts, a_fmt, 1, 1)
+    b = _operand(b_codes, b_scales, b_ts, b_fmt, 0, b_tile_rows)
+    return dispatch.scaled_mm(a, b, bias, out_dtype)
+
+
+@scaled_mm.register_fake
+def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_rows, bias, out_dtype):
+    return a_codes.new_empty((a_codes.shape[0], b_codes.shape[0]), dtype=out_dtype)

@@ -1,0 +1,216 @@
+"""Triton NVFP4 and MXFP8 quantizers (RNE or SR, rows or columns, optional fused RHT).
+
+The input is read through its strides as a 2D (R, K) matrix whose K is the block axis, so quantizing
+``x`` along dim 0 (the transposed copy wgrad needs) reads ``x`` in place; nothing is transposed in high
+precision. Outputs are laid out like the reference's (block axis last) and match it byte for byte.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
+from autoprec.kernels.numerics_triton import (
+    FLT_MAX,
+    clamp_keep_nan,
+    encode_e2m1,
+    encode_float8,
+    floor_log2,
+    pow2,
+    round_to_element,
+)
+from autoprec.kernels.nvfp4_ref import ONE_SIXTH, nvfp4_encode_scale
+from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
+
+BLOCK_R = 16
+BLOCK_K = 64
+
+
+@triton.jit
+def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """A [BR, BK/16, 16] fp32 tile of the (R, K) view; with RHT each 16-group is multiplied by
+    H16·diag(signs)/4, summing j = 0..15 in order as the reference does."""
+    nb = tl.arange(0, BK // 16)
+    j16 = tl.arange(0, 16)
+    rmask = rows < R
+    if RHT:
+        y = tl.zeros((BR, BK // 16, 16), tl.float32)
+        for j in tl.static_range(16):
+            cols = col0 + nb * 16 + j
+            mask = rmask[:, None] & (cols < K)[None, :]
+            xj = tl.load(x_ptr + rows[:, None] * s_r + cols[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
+            mj = tl.load(m_ptr + j * 16 + j16)
+            y = y + xj[:, :, None] * mj[None, None, :]
+        return y * 0.25
+    cols = col0 + nb[:, None] * 16 + j16[None, :]
+    mask = rmask[:, None, None] & (cols < K)[None, :, :]
+    ptrs = x_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_rand(rand_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr):
+    cols = col0 + tl.arange(0, BK // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
+    return tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
+
+
+@triton.jit
+def _amax_kernel(x_ptr, m_ptr, out_ptr, bad_ptr, R, K, s_r, s_k,
+                 BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """Per-program partial max|x| (non-finite values left out) and a flag for any NaN/Inf."""
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
+    a = tl.abs(y)
+    finite = a < float("inf")
+    amax = tl.max(tl.max(tl.max(tl.where(finite, a, 0.0), 2), 1), 0)
+    bad = tl.max(tl.max(tl.max(tl.where(finite, 0, 1), 2), 1), 0)
+    pid = pid_r * tl.num_programs(1) + pid_k
+    tl.store(out_ptr + pid, amax)
+    tl.store(bad_ptr + pid, bad)
+
+
+@triton.jit
+def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+                  R, K, s_r, s_k, r_r, r_k,
+                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, TILE2D: tl.constexpr):
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    NB: tl.constexpr = BK // 16
+    rows = pid_r * BR + tl.arange(0, BR)
+    col0 = pid_k * BK
+    y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
+    a = tl.abs(y)
+    finite = a < float("inf")
+    amax = tl.max(tl.where(finite, a, 0.0), 2)
+    bad = tl.max(tl.where(finite, 0, 1), 2)
+    if TILE2D:
+        amax = tl.max(tl.reshape(amax, (BR // 16, 16, NB)), 1)
+        bad = tl.max(tl.reshape(bad, (BR // 16, 16, NB)), 1)
+    s_enc6 = tl.load(senc6_ptr)
+    s_dec = tl.load(sdec_ptr)
+    s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
+    s_b = tl.where(bad != 0, float("nan"), s_b)
+    e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+    e_b = tl.where(e_b > FLT_MAX, FLT_MAX, e_b)
+
+    nb = tl.arange(0, NB)
+    if TILE2D:
+        srows = pid_r * (BR // 16) + tl.arange(0, BR // 16)
+        smask = (srows < R // 16)[:, None] & (col0 // 16 + nb < K // 16)[None, :]
+        tl.store(scales_ptr + srows[:, None] * (K // 16) + col0 // 16 + nb[None, :],
+                 encode_float8(s_b, 4, 3, 7), mask=smask)
+        e_b = tl.reshape(tl.broadcast_to(e_b[:, None, :], (BR // 16, 16, NB)), (BR, NB))
+    else:
+        smask = (rows < R)[:, None] & (col0 // 16 + nb < K // 16)[None, :]
+        tl.store(scales_ptr + rows[:, None] * (K // 16) + col0 // 16 + nb[None, :],
+                 encode_float8(s_b, 4, 3, 7), mask=smask)
+
+    rand = 0
+    if SR:
+        rand = _load_rand(rand_ptr, rows, col0, R, K, r_r, r_k, BR, BK)
+    v = clamp_keep_nan(y * e_b[:, :, None], -6.0, 6.0)
+    codes = encode_e2m1(round_to_element(v, rand, 1, 0, 6.0, SR))
+    lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    pcols = col0 // 2 + tl.arange(0, BK // 2)
+    pmask = (rows < R)[:, None] & (pcols < K // 2)[None, :]
+    tl.store(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
+
+
+@triton.jit
+def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+                  EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                  MAX: tl.constexpr, FLOOR: tl.constexpr,
+                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    NB: tl.constexpr = BK // 32
+    rows = pid_r * BR + tl.arange(0, BR)
+    col0 = pid_k * BK
+    y = tl.reshape(_load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT), (BR, NB, 32))
+    a = tl.abs(y)
+    finite = a < float("inf")
+    amax = tl.max(tl.where(finite, a, 0.0), 2)
+    bad = tl.max(tl.where(finite, 0, 1), 2)
+    if FLOOR:
+        e = tl.where(amax > 0, floor_log2(amax) - EMAX, -127)
+    else:
+        q = tl.math.div_rn(amax, tl.full(amax.shape, MAX, tl.float32))
+        normal = floor_log2(q) + tl.where((q.to(tl.int32, bitcast=True) & 0x7FFFFF) != 0, 1, 0)
+        tiny = tl.where(q > 5.877471754111438e-39, -126, -127)
+        e = tl.where(q >= 1.1754943508222875e-38, normal, tiny)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+
+    nb = tl.arange(0, NB)
+    smask = (rows < R)[:, None] & (col0 // 32 + nb < K // 32)[None, :]
+    scale_codes = tl.where(bad != 0, 255, e + 127).to(tl.uint8)
+    tl.store(scales_ptr + rows[:, None] * (K // 32) + col0 // 32 + nb[None, :], scale_codes, mask=smask)
+
+    rand = 0
+    if SR:
+        rand = tl.reshape(_load_rand(rand_ptr, rows, col0, R, K, r_r, r_k, BR, BK), (BR, NB, 32))
+    v = round_to_element(y * pow2(-e)[:, :, None], rand, MBITS, 1 - BIAS, MAX, SR)
+    codes = tl.reshape(encode_float8(v, EBITS, MBITS, BIAS), (BR, BK))
+    cols = col0 + tl.arange(0, BK)
+    cmask = (rows < R)[:, None] & (cols < K)[None, :]
+    tl.store(codes_ptr + rows[:, None] * K + cols[None, :], codes, mask=cmask)
+
+
+def _as_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """A 2D (R, K) view with K = ``axis``, a strided view for 2D inputs (no copy)."""
+    if x.ndim == 2:
+        return x if axis == 1 else x.t()
+    return x.movedim(axis, -1).reshape(-1, x.shape[axis])
+
+
+def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torch.Tensor:
+    if not rht:
+        return torch.empty(1, device=x.device)
+    return rht_matrix(rht_signs() if signs is None else signs).t().contiguous().to(x.device)
+
+
+def quantize_triton(
+    x: torch.Tensor,
+    fmt: Format,
+    axis: int = -1,
+    *,
+    rand: torch.Tensor | None = None,
+    tile2d: bool = False,
+    scale_mode: str = "rceil",
+    rht: bool = False,
+    rht_signs_: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """Triton quantize of ``x`` (already checked by ``supports``) along ``axis``; the RHT, if asked,
+    is applied along ``axis`` inside the kernel."""
+    axis = normalize_axis(axis, x.ndim)
+    m = _as_matrix(x, axis)
+    r_m = _as_matrix(rand, axis) if rand is not None else m
+    n_rows, k = m.shape
+    mt = _rht_operand(x, rht, rht_signs_)
+    grid = (triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))
+    stored = tuple(x.movedim(axis, -1).shape)
+    common = dict(BR=BLOCK_R, BK=BLOCK_K, RHT=rht, SR=rand is not None)
+    if fmt is NVFP4:
+        partial = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.float32)
+        flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
+        _amax_kernel[grid](m, mt, partial, flags, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
+        amax = torch.where(flags.amax() > 0, float("inf"), partial.amax())
+        s_enc = nvfp4_encode_scale(amax)
+        s_dec = 1.0 / s_enc
+        codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
+        scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
+        scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
+        _nvfp4_kernel[grid](m, mt, r_m, codes, scales, s_enc * ONE_SIXTH.to(x.device), s_dec,
+                            n_rows, k, m.stride(0), m.stride(1), r_m.stride(0), r_m.stride(1),
+                            TILE2D=tile2d, **common)
+        return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec.reshape(()),
+                               axis, x.shape, 16 if tile2d else 1)
+    elem = fmt.elem
+    codes = torch.empty(stored, device=x.device, dtype=torch.uint8)
+    scales = torch.empty(stored[:-1] + (k // 32,), device=x.device, dtype=torch.uint8)
+    _mxfp8_kernel[grid](m, mt, r_m, codes, scales, n_rows, k, m.stride(0), m.stride(1),
+                        r_m.stride(0), r_m.stride(1), EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias,
+                        EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **common)
+    return QuantizedTensor(fmt, codes.view(elem.torch_dtype), scales, None, axis, x.shape)

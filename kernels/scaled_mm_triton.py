@@ -1,0 +1,92 @@
+"""Triton block-scaled matmul: C = A · Bᵀ over quantized (or BF16) operands stored (rows, K).
+
+Tiles are dequantized in-kernel with integer decoding of the codes and scales, then multiplied with an
+fp32 (IEEE) ``tl.dot`` and accumulated in fp32; bias is added in fp32 and the output rounded once (RNE,
+by bit arithmetic for bfloat16). ``tl.dot_scaled`` is not used: Hopper has no block-scaled tensor
+cores and no Blackwell part was available to verify it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
+from autoprec.kernels.operand import KIND_BF16, KIND_NVFP4, Operand
+
+BLOCK_M = 32
+BLOCK_N = 32
+BLOCK_K = 64
+
+
+@triton.jit
+def _dequant_tile(codes_ptr, scales_ptr, ts_ptr, rows, kk, R, K,
+                  KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                  HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """fp32 [len(rows), len(kk)] tile of one operand (0 = NVFP4, 1 = MXFP8, 2 = BF16)."""
+    mask = (rows < R)[:, None] & (kk < K)[None, :]
+    if KIND == 2:
+        return tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    if KIND == 0:
+        byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kk[None, :] // 2, mask=mask, other=0)
+        nib = tl.where((kk % 2 == 0)[None, :], byte & 0xF, byte >> 4)
+        s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // 16) + kk[None, :] // 16, mask=mask, other=0)
+        return decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False) * tl.load(ts_ptr)
+    c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
+    s = tl.load(scales_ptr + rows[:, None] * (K // 32) + kk[None, :] // 32, mask=mask, other=127)
+    return decode_float8(c, EBITS, MBITS, BIAS, HAS_INF) * decode_e8m0(s)
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, M, N, K,
+    A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
+    B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
+    B_TILE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        a = _dequant_tile(a_codes, a_scales, a_ts, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1)
+        b = _dequant_tile(b_codes, b_scales, b_ts, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS)
+        acc += tl.dot(a, tl.trans(b), input_precision="ieee")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    ptrs = out_ptr + rm[:, None] * N + rn[None, :]
+    if OUT_BF16:
+        tl.store(ptrs, to_bf16_bits(acc), mask=mask)
+    else:
+        tl.store(ptrs, acc, mask=mask)
+
+
+def _kernel_args(op: Operand) -> tuple[list[torch.Tensor], list]:
+    """Pointers and constexprs describing one operand to the kernel."""
+    elem = op.fmt.elem
+    if op.kind == KIND_BF16:
+        ptrs = [op.codes, op.codes, op.codes]
+        return ptrs, [KIND_BF16, 0, 0, 0, False]
+    ts = op.tensor_scale if op.tensor_scale is not None else op.codes
+    ptrs = [op.codes.view(torch.uint8), op.scales.view(torch.uint8), ts]
+    return ptrs, [op.kind, elem.ebits, elem.mbits, elem.bias, elem.torch_dtype == torch.float8_e5m2]
+
+
+def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or bfloat16), operands already checked."""
+    m, k = a.rows, a.k
+    n = b.rows
+    out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype)
+    a_ptrs, a_meta = _kernel_args(a)
+    b_ptrs, b_meta = _kernel_args(b)
+    out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    _scaled_mm_kernel[grid](
+        *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, m, n, k,
+        *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
+        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
+    )
+    return out

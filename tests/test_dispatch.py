@@ -1,0 +1,98 @@
+"""Kernel dispatch: AUTOPREC_KERNELS modes, supports() reasons, and the torch.library ops."""
+import pytest
+import torch
+
+from helpers import bits_equal, triton_interpreter
+
+triton_interpreter()
+
+from autoprec.kernels import dispatch, qmm_ref, quantize_ref  # noqa: E402
+from autoprec.kernels import ops  # noqa: E402, F401  (registers torch.ops.autoprec)
+
+
+def test_mode_selection(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    assert dispatch._use_triton(cpu, None) is False
+    monkeypatch.setenv("AUTOPREC_KERNELS", "auto")
+    assert dispatch._use_triton(cpu, None) is False  # auto: the reference on CPU, Triton on CUDA
+    monkeypatch.delenv("AUTOPREC_KERNELS")
+    assert dispatch.kernel_mode() == "auto"
+    if dispatch.triton_runtime_reason(cpu) is None:
+        monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+        assert dispatch._use_triton(cpu, None) is True
+
+
+def test_rht_option_equals_transform_then_quantize(monkeypatch):
+    from autoprec.kernels import rht_ref
+
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    x = torch.randn(32, 64)
+    assert bits_equal(dispatch.quantize(x, "mxfp8", 0, rht=True).codes, quantize_ref(rht_ref(x, 0), "mxfp8", 0).codes)
+
+
+def test_forced_triton_matches_ref(monkeypatch):
+    pytest.importorskip("triton")
+    x, w = torch.randn(32, 64), torch.randn(64, 32)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    qa, qb = dispatch.quantize(x, "nvfp4", 1, rounding="sr", seed=2), dispatch.quantize(w, "mxfp8", 0)
+    y = dispatch.scaled_mm(qa, qb)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    ra, rb = dispatch.quantize(x, "nvfp4", 1, rounding="sr", seed=2), dispatch.quantize(w, "mxfp8", 0)
+    assert bits_equal(qa.codes, ra.codes) and bits_equal(qb.scales, rb.scales)
+    assert torch.allclose(y, dispatch.scaled_mm(ra, rb), rtol=1e-5, atol=1e-4)
+
+
+def test_forced_triton_says_why_not(monkeypatch):
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    with pytest.raises(ValueError, match="cannot run: dtype torch.float64"):
+        dispatch.quantize(torch.randn(16, 32, dtype=torch.float64), "nvfp4")
+    qa = quantize_ref(torch.randn(16, 32), "nvfp4")
+    with pytest.raises(ValueError, match="out_dtype torch.float16"):
+        dispatch.scaled_mm(qa, quantize_ref(torch.randn(32, 16), "nvfp4", 0), out_dtype=torch.float16)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            dispatch.quantize(torch.randn(16, 32), "nvfp4")
+
+
+def test_bad_mode(monkeypatch):
+    monkeypatch.setenv("AUTOPREC_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="AUTOPREC_KERNELS='cuda'.*auto, triton, ref"):
+        dispatch.quantize(torch.randn(16, 32), "nvfp4")
+
+
+def test_scaled_mm_checks_operands():
+    qa = quantize_ref(torch.randn(16, 32), "nvfp4")
+    with pytest.raises(ValueError, match="operand b must be 2D and blocked along its reduction dim 0"):
+        dispatch.scaled_mm(qa, quantize_ref(torch.randn(16, 32), "nvfp4", 1))
+    with pytest.raises(ValueError, match="reduction dims differ"):
+        dispatch.scaled_mm(qa, quantize_ref(torch.randn(64, 16), "nvfp4", 0))
+    with pytest.raises(TypeError, match="operand a must be a QuantizedTensor or a 2D bfloat16"):
+        dispatch.scaled_mm(torch.randn(16, 32), quantize_ref(torch.randn(32, 16), "nvfp4", 0))
+
+
+def test_custom_ops_pass_opcheck():
+    x = torch.randn(32, 64)
+    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "nvfp4", 1, "rne", 0, True, "rceil", False))
+    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "mxfp8", 0, "sr", 3, False, "floor", True))
+    c, s, t = torch.ops.autoprec.quantize(x, "nvfp4", 0, "rne", 0, False, "rceil", False)
+    torch.library.opcheck(torch.ops.autoprec.dequantize.default, (c, s, t, "nvfp4", 0, [32, 64], 1))
+    w = torch.randn(48, 64)
+    wc, ws, wt = torch.ops.autoprec.quantize(w, "nvfp4", 1, "rne", 0, False, "rceil", False)
+    a = torch.randn(8, 64).bfloat16()  # a bf16 operand: its values as codes, any tensor as scales
+    args = (a, a, t, "bf16", wc, ws, wt, "nvfp4", 1, torch.randn(48), torch.float32)
+    torch.library.opcheck(torch.ops.autoprec.scaled_mm.default, args)
+
+
+def test_ops_trace_under_compile():
+    def f(x, w):
+        ac, as_, at = torch.ops.autoprec.quantize(x, "nvfp4", 1, "rne", 0, False, "rceil", False)
+        bc, bs, bt = torch.ops.autoprec.quantize(w, "nvfp4", 1, "rne", 0, True, "rceil", False)
+        return torch.ops.autoprec.scaled_mm(ac, as_, at, "nvfp4", bc, bs, bt, "nvfp4", 16, None, torch.float32)
+
+    x, w = torch.randn(32, 64), torch.randn(48, 64)
+    y = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w)
+    assert bits_equal(y, f(x, w))
+    assert torch.allclose(y, qmm_ref(x, w.t(), "nvfp4", "nvfp4", tile2d_b=True), atol=1e-4)
