@@ -1,6 +1,13 @@
 """autoprec: per-GEMM precision planning (NVFP4 / MXFP8 / BF16) for torch.compile."""
+from autoprec.api import plan
+from autoprec.backend import autoprec_backend
 from autoprec.formats import BF16, MXFP8, MXFP8_E5M2, NVFP4, Format, get_format
+from autoprec.plan import Decision, Plan
+from autoprec.roles import MatmulRole
 
 __version__ = "0.1.0"
 
-__all__ = ["BF16", "MXFP8", "MXFP8_E5M2", "NVFP4", "Format", "get_format"]
+__all__ = [
+    "BF16", "MXFP8", "MXFP8_E5M2", "NVFP4", "Decision", "Format", "MatmulRole", "Plan",
+    "autoprec_backend", "get_format", "plan",
+]

@@ -11,12 +11,12 @@ import importlib.util
 import os
 
 import torch
-
-from autoprec.formats import Format
 from autoprec.kernels.hadamard_ref import rht_ref
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantizedTensor, sr_bits
+
+from autoprec.formats import Format
 
 MODES = ("auto", "triton", "ref")
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -108,8 +108,11 @@ def scaled_mm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``a @ b (+ bias)`` for a (M, K) blocked along K and b (K, N) blocked along K; either may also
-    be a plain bfloat16 tensor. Accumulates in fp32 and rounds once to ``out_dtype``."""
+    """``a @ b (+ bias)`` for a (M, K) blocked along K and b (K, N) blocked along K, or batches of
+    them (B, M, K) x (B, K, N); either may be a plain bfloat16 tensor. Accumulates in fp32 and rounds
+    once to ``out_dtype``."""
+    if len(_shape(a)) == 3:
+        return _batched_scaled_mm(a, b, bias, out_dtype)
     oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
     if oa.k != ob.k:
         raise ValueError(f"scaled_mm: reduction dims differ, a has K={oa.k} and b has K={ob.k}")
@@ -123,6 +126,29 @@ def scaled_mm(
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(out_dtype)
+
+
+def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _batch_item(x: QuantizedTensor | torch.Tensor, i: int) -> QuantizedTensor | torch.Tensor:
+    if not isinstance(x, QuantizedTensor):
+        return x[i]
+    scales = x.scales if x.tile_rows > 1 else x.scales[i]
+    return QuantizedTensor(x.fmt, x.codes[i], scales, x.tensor_scale, x.axis - 1, x.shape[1:], x.tile_rows)
+
+
+def _batched_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """Batched products: one fp32 batched matmul on the reference path, a loop of 2D kernels on Triton."""
+    if len(_shape(b)) != 3 or _shape(a)[0] != _shape(b)[0]:
+        raise ValueError(f"scaled_mm: batched shapes {_shape(a)} @ {_shape(b)} do not match")
+    device = (a.codes if isinstance(a, QuantizedTensor) else a).device
+    if _use_triton(device, None):
+        items = [scaled_mm(_batch_item(a, i), _batch_item(b, i), bias, out_dtype) for i in range(_shape(a)[0])]
+        return torch.stack(items)
+    y = torch.matmul(_values(a), _values(b))
+    return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
 
 
 def _values(x: QuantizedTensor | torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,10 @@ says how to read them."""
 from __future__ import annotations
 
 import torch
-
-from autoprec.formats import BF16, NVFP4, get_format
 from autoprec.kernels import dispatch
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
+
+from autoprec.formats import BF16, NVFP4, get_format
 
 Tensor = torch.Tensor
 
@@ -45,7 +45,9 @@ def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht):
     return codes, scales, x.new_empty((), dtype=torch.float32)
 
 
-def from_parts(codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, axis: int, shape, tile_rows: int) -> QuantizedTensor:
+def from_parts(
+    codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, axis: int, shape, tile_rows: int
+) -> QuantizedTensor:
     """Rebuild the QuantizedTensor that ``quantize`` returned in parts."""
     f = get_format(fmt)
     if f is NVFP4:
@@ -66,14 +68,15 @@ def _(codes, scales, tensor_scale, fmt, axis, shape, tile_rows):
     return codes.new_empty(shape, dtype=torch.float32)
 
 
-def _operand(codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, k_axis: int, tile_rows: int):
-    """A scaled_mm operand from parts stored (rows, K): a QuantizedTensor, or bf16 values."""
+def _operand(codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, is_b: bool, tile_rows: int):
+    """A scaled_mm operand from parts stored (..., rows, K): a QuantizedTensor, or bf16 values."""
     f = get_format(fmt)
     if f is BF16:
-        return codes if k_axis == 1 else codes.t()
-    rows, k = codes.shape[0], codes.shape[1] * (2 if f is NVFP4 else 1)
-    shape = (rows, k) if k_axis == 1 else (k, rows)
-    return from_parts(codes, scales, ts, fmt, k_axis, shape, tile_rows)
+        return codes.transpose(-1, -2) if is_b else codes
+    rows, k = codes.shape[-2], codes.shape[-1] * (2 if f is NVFP4 else 1)
+    lead = list(codes.shape[:-2])
+    shape = lead + ([k, rows] if is_b else [rows, k])
+    return from_parts(codes, scales, ts, fmt, len(shape) - (2 if is_b else 1), shape, tile_rows)
 
 
 @torch.library.custom_op("autoprec::scaled_mm", mutates_args=())
@@ -82,13 +85,13 @@ def scaled_mm(
     b_codes: Tensor, b_scales: Tensor, b_ts: Tensor, b_fmt: str, b_tile_rows: int,
     bias: Tensor | None, out_dtype: torch.dtype,
 ) -> Tensor:
-    """A·B with A (M, K) and B stored (N, K), both blocked along K (bf16 operands: their values in
-    that layout, with any tensor passed as scales)."""
-    a = _operand(a_codes, a_scales, a_ts, a_fmt, 1, 1)
-    b = _operand(b_codes, b_scales, b_ts, b_fmt, 0, b_tile_rows)
+    """A·B with A (..., M, K) and B stored (..., N, K), both blocked along K (bf16 operands: their
+    values in that layout, with any tensor passed as scales)."""
+    a = _operand(a_codes, a_scales, a_ts, a_fmt, False, 1)
+    b = _operand(b_codes, b_scales, b_ts, b_fmt, True, b_tile_rows)
     return dispatch.scaled_mm(a, b, bias, out_dtype)
 
 
 @scaled_mm.register_fake
 def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_rows, bias, out_dtype):
-    return a_codes.new_empty((a_codes.shape[0], b_codes.shape[0]), dtype=out_dtype)
+    return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)

@@ -17,14 +17,6 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
-def triton_interpreter() -> None:
-    """Run Triton kernels in the interpreter when there is no GPU (call before importing kernels)."""
-    import os
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
 def edge_tensor(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     """Random normal data with edge blocks: zero, Inf, -Inf, NaN, tiny (subnormal scales), saturating."""
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))

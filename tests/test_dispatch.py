@@ -1,13 +1,13 @@
 """Kernel dispatch: AUTOPREC_KERNELS modes, supports() reasons, and the torch.library ops."""
 import pytest
 import torch
-
-from helpers import bits_equal, triton_interpreter
-
-triton_interpreter()
-
-from autoprec.kernels import dispatch, qmm_ref, quantize_ref  # noqa: E402
-from autoprec.kernels import ops  # noqa: E402, F401  (registers torch.ops.autoprec)
+from autoprec.kernels import (
+    dispatch,
+    ops,  # noqa: F401  (registers torch.ops.autoprec)
+    qmm_ref,
+    quantize_ref,
+)
+from helpers import bits_equal
 
 
 def test_mode_selection(monkeypatch):

@@ -1,16 +1,15 @@
 """Triton quantizers equal the reference byte for byte (interpreter on CPU, small shapes)."""
 import pytest
 import torch
+from helpers import bits_equal, edge_tensor
 
-from helpers import bits_equal, edge_tensor, triton_interpreter
-
-triton_interpreter()
 pytest.importorskip("triton")
 
-from autoprec.kernels import quantize_ref, rht_ref, rht_signs  # noqa: E402
-from autoprec.kernels.quantize_triton import quantize_triton  # noqa: E402
-from autoprec.kernels.quantized import sr_bits  # noqa: E402
-from autoprec.formats import get_format  # noqa: E402
+from autoprec.kernels import quantize_ref, rht_ref, rht_signs
+from autoprec.kernels.quantize_triton import quantize_triton
+from autoprec.kernels.quantized import sr_bits
+
+from autoprec.formats import get_format
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -2,14 +2,11 @@
 import pytest
 import torch
 
-from helpers import triton_interpreter
-
-triton_interpreter()
 pytest.importorskip("triton")
 
-from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref  # noqa: E402
-from autoprec.kernels.operand import as_operand  # noqa: E402
-from autoprec.kernels.scaled_mm_triton import scaled_mm_triton  # noqa: E402
+from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
+from autoprec.kernels.operand import as_operand
+from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = [("nvfp4", "nvfp4", False), ("nvfp4", "nvfp4", True), ("mxfp8", "mxfp8", False),
@@ -53,7 +50,8 @@ def test_bf16_equals_torch():
     b = torch.randint(-8, 8, (96, 48), generator=gen).to(torch.bfloat16)
     bias = torch.randint(-4, 4, (48,), generator=gen).to(torch.bfloat16)
     assert torch.equal(run(a.to(DEVICE), b.to(DEVICE), None, torch.bfloat16), a @ b)
-    assert torch.equal(run(a.to(DEVICE), b.to(DEVICE), bias, torch.bfloat16), torch.nn.functional.linear(a, b.t(), bias))
+    want = torch.nn.functional.linear(a, b.t(), bias)
+    assert torch.equal(run(a.to(DEVICE), b.to(DEVICE), bias, torch.bfloat16), want)
     x, w = torch.randn(32, 64, generator=gen).bfloat16(), torch.randn(64, 32, generator=gen).bfloat16()
     assert torch.allclose(run(x.to(DEVICE), w.to(DEVICE), None, torch.bfloat16).float(), (x @ w).float(), rtol=2**-7)
 

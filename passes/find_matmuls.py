@@ -1,0 +1,101 @@
+"""Analysis pass: every matmul node of an aten graph, with its operands, shape and module."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+MATMUL_OPS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm"}
+SDPA_NAME = "scaled_dot_product_attention"
+
+
+@dataclass(frozen=True)
+class MatmulNode:
+    """One matmul node: ``out = a @ b (+ bias)``, a (..., M, K) and b (..., K, N)."""
+
+    node: fx.Node
+    a: fx.Node
+    b: fx.Node
+    bias: fx.Node | None
+    m: object
+    n: object
+    k: object
+    batch: object | None
+    module_id: str | None
+    module_path: str
+    module_type: str
+    seq_nr: int | None
+    sdpa: bool
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+def _module_entry(node: fx.Node) -> tuple[str | None, str, str]:
+    """(id, frame-relative path, class name) of the innermost nn.Module the node came from."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return None, "", ""
+    key, (path, cls) = list(stack.items())[-1]
+    rel = path.split(".", 1)[1] if "." in path else ""
+    return key, rel, getattr(cls, "__name__", str(cls))
+
+
+def _from_sdpa(node: fx.Node) -> bool:
+    for key in ("source_fn_stack", "fwd_source_fn_stack"):
+        for name, _ in node.meta.get(key) or []:
+            if name == SDPA_NAME:
+                return True
+    return False
+
+
+def is_fused_sdpa(node: fx.Node) -> bool:
+    """A fused attention kernel node (its matmuls are inside the kernel)."""
+    return node.op == "call_function" and "scaled_dot_product" in str(node.target) and "attention" in str(node.target)
+
+
+def find_matmuls(graph: fx.Graph) -> list[MatmulNode]:
+    """All mm / addmm / bmm nodes and fused attention kernels, in graph order (nn.Linear, ``@``,
+    F.linear and bmm-lowered einsum all reach aten as mm / addmm / bmm)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return sorted(_plain_matmuls(graph) + find_fused_sdpa(graph), key=lambda mm: order[mm.node])
+
+
+def _plain_matmuls(graph: fx.Graph) -> list[MatmulNode]:
+    found = []
+    for node in graph.nodes:
+        kind = MATMUL_OPS.get(node.target) if node.op == "call_function" else None
+        if kind is None:
+            continue
+        if kind == "addmm":
+            bias, a, b = node.args[:3]
+            if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+                bias = None  # scaled addmm: treated as not rewritable by the assign pass
+        else:
+            (a, b), bias = node.args[:2], None
+        av, bv = a.meta["val"], b.meta["val"]
+        mid, path, cls = _module_entry(node)
+        found.append(MatmulNode(
+            node, a, b, bias, av.shape[-2], bv.shape[-1], av.shape[-1],
+            av.shape[0] if kind == "bmm" else None, mid, path, cls, node.meta.get("seq_nr"), _from_sdpa(node),
+        ))
+    return found
+
+
+def find_fused_sdpa(graph: fx.Graph) -> list[MatmulNode]:
+    """Fused attention nodes (forward and backward kernels) as sites of two batched GEMMs each:
+    Q·Kᵀ shown with (M, N, K) = (T_q, T_k, head dim) over batch x heads."""
+    found = []
+    for node in graph.nodes:
+        if not is_fused_sdpa(node):
+            continue
+        q, k = node.args[:2] if "backward" not in str(node.target) else node.args[1:3]
+        qv, kv = q.meta["val"], k.meta["val"]
+        mid, path, cls = _module_entry(node)
+        batch = qv.shape[0] * qv.shape[1] if qv.ndim == 4 else qv.shape[0]
+        found.append(MatmulNode(node, q, k, None, qv.shape[-2], kv.shape[-2], qv.shape[-1], batch,
+                                mid, path, cls, node.meta.get("seq_nr"), True))
+    return found

@@ -1,0 +1,58 @@
+"""Analysis pass: group the fprop / dgrad / wgrad matmuls of one layer into a site."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+from autoprec.passes.classify_roles import RoleInfo
+
+from autoprec.roles import MatmulRole
+
+
+@dataclass
+class Site:
+    """One matmul of the model (a linear layer, or an activation x activation product) with the
+    GEMMs autograd made of it. ``index`` orders sites by their forward position."""
+
+    index: int
+    module_id: str | None
+    module_path: str
+    module_type: str
+    sdpa: bool
+    weight: fx.Node | None
+    gemms: list[RoleInfo] = field(default_factory=list)
+
+    def role_counts(self) -> dict[MatmulRole, int]:
+        counts = {r: 0 for r in MatmulRole}
+        for info in self.gemms:
+            counts[info.role] += 1
+        return counts
+
+
+def group_sites(infos: list[RoleInfo]) -> list[Site]:
+    """Forward matmuls open sites; backward ones join the site whose forward op has their seq_nr.
+
+    The dataflow roles are checked against that pairing: a wgrad or weight dgrad must belong to a
+    forward matmul that reads the same parameter.
+    """
+    sites: list[Site] = []
+    by_seq: dict[int, Site] = {}
+    for info in infos:
+        mm = info.mm
+        if info.role is MatmulRole.FPROP:
+            site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder)
+            site.gemms.append(info)
+            sites.append(site)
+            if mm.seq_nr is not None:
+                by_seq.setdefault(mm.seq_nr, site)
+            continue
+        site = by_seq.get(mm.seq_nr) if mm.seq_nr is not None else None
+        if site is None:
+            site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder)
+            sites.append(site)
+        elif info.weight_placeholder is not None or info.role is MatmulRole.WGRAD:
+            assert site.weight is not None, f"{mm.name}: {info.role} pairs with forward site without a weight"
+            if info.weight_placeholder is not None:
+                assert info.weight_placeholder is site.weight, f"{mm.name}: dgrad weight differs from its fprop's"
+        site.gemms.append(info)
+    return sites

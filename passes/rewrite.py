@@ -1,0 +1,86 @@
+"""Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm."""
+from __future__ import annotations
+
+import operator
+
+import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
+import torch
+import torch.fx as fx
+from autoprec.passes.classify_roles import RoleInfo
+from autoprec.passes.runner import at_node
+from torch._guards import detect_fake_mode
+
+from autoprec.formats import NVFP4, get_format
+from autoprec.options import CompileOptions
+from autoprec.plan import Decision
+
+aten = torch.ops.aten
+autoprec_ops = torch.ops.autoprec
+
+
+def _add(graph: fx.Graph, target, args: tuple, kwargs: dict, meta: dict, val, tag: dict) -> fx.Node:
+    node = graph.call_function(target, args, kwargs)
+    node.meta.update({k: v for k, v in meta.items() if k not in ("val", "tensor_meta", "partitioner_tag")})
+    node.meta["val"] = val
+    node.meta["autoprec"] = tag
+    return node
+
+
+def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInfo, opts: CompileOptions,
+             meta: dict, tag: dict) -> list[fx.Node]:
+    """Nodes for operand ``which`` (0 = a, blocked along its last dim; 1 = b, along dim -2): the
+    (codes, scales, tensor_scale) of its quantization, or its bf16 values stored (rows, K)."""
+    val = x.meta["val"]
+    fake = detect_fake_mode([val])
+    tag = {**tag, "operand": "ab"[which]}
+    if not get_format(d.fmt).quantized:
+        if which == 1:
+            with fake:
+                tval = val.transpose(-1, -2)
+            x = _add(graph, aten.transpose.int, (x, -1, -2), {}, meta, tval, tag)
+            val = tval
+        with fake:
+            cval = val.to(torch.bfloat16)
+        cast = _add(graph, aten._to_copy.default, (x,), {"dtype": torch.bfloat16}, meta, cval, tag)
+        return [cast, cast, cast]
+    axis = val.ndim - 1 if which == 0 else val.ndim - 2
+    is_grad = info.grad_operand == which
+    rounding = d.rounding if is_grad else "rne"
+    tile2d = d.tile2d and info.weight_operand == which and get_format(d.fmt) is NVFP4 and val.ndim == 2
+    args = (x, d.fmt, axis, rounding, d.seeds[which], tile2d, opts.mx_scale, d.rht)
+    with fake:
+        vals = autoprec_ops.quantize.default(val, *args[1:])
+    q = _add(graph, autoprec_ops.quantize.default, args, {}, meta, vals, tag)
+    return [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3)]
+
+
+def rewrite_matmuls(
+    gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions
+) -> int:
+    """Replace every rewritten decision's node; returns how many were replaced."""
+    graph = gm.graph
+    count = 0
+    for node, d in decisions.items():
+        if not d.rewritten:
+            continue
+        with at_node(node):
+            info = infos[node]
+            tag = {"site": d.site, "role": str(d.role), "format": d.fmt}
+            with graph.inserting_before(node):
+                a = _operand(graph, info.mm.a, 0, d, info, opts, node.meta, tag)
+                b = _operand(graph, info.mm.b, 1, d, info, opts, node.meta, tag)
+                tile_rows = 16 if d.tile2d and get_format(d.fmt) is NVFP4 and info.weight_operand == 1 else 1
+                out_dtype = node.meta["val"].dtype
+                args = (*a, d.fmt, *b, d.fmt, tile_rows, info.mm.bias, out_dtype)
+                fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
+                with detect_fake_mode([node.meta["val"]]):
+                    val = autoprec_ops.scaled_mm.default(*fake_args)
+                out = _add(graph, autoprec_ops.scaled_mm.default, args, {}, node.meta, val, tag)
+                if "partitioner_tag" in node.meta:
+                    out.meta["partitioner_tag"] = node.meta["partitioner_tag"]
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+            count += 1
+    graph.lint()
+    gm.recompile()
+    return count

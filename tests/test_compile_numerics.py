@@ -1,0 +1,129 @@
+"""Compiled numerics: equal, bit for bit, to eager code that quantizes the same operands the same way."""
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import bits_equal, sqnr_db
+from models import MLP, TinyGPT, tokens
+from reference_autograd import qlinear
+
+import autoprec
+from autoprec.backend import RECORDS
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    RECORDS.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def rewritten(monkeypatch) -> list:
+    """The graph modules the rewrite pass produced during the test."""
+    from autoprec import backend
+
+    graphs = []
+    orig = backend.rewrite_matmuls
+
+    def spy(gm, *args):
+        out = orig(gm, *args)
+        graphs.append(gm)
+        return out
+
+    monkeypatch.setattr(backend, "rewrite_matmuls", spy)
+    return graphs
+
+
+def reference_mlp(m: MLP, x: torch.Tensor, fmt: str) -> torch.Tensor:
+    return qlinear(F.gelu(qlinear(x, m.fc1, fmt)), m.fc2, fmt)
+
+
+def grads(m) -> list[torch.Tensor]:
+    out = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "nvfp4"])
+def test_mlp_loss_and_grads_equal_reference(recipe):
+    torch.manual_seed(0)
+    m = MLP()
+    x = torch.randn(4, 16, 32)
+    loss = torch.compile(m, backend="autoprec", options={"recipe": recipe})(x).pow(2).mean()
+    loss.backward()
+    got = grads(m)
+    want_loss = reference_mlp(m, x, recipe).pow(2).mean()
+    want_loss.backward()
+    assert bits_equal(loss.detach(), want_loss.detach())
+    for g, w in zip(got, grads(m)):
+        assert bits_equal(g, w)
+
+
+def test_nvfp4_plan_changes_the_numbers_within_its_sqnr():
+    """The comparison above is not vacuous: quantization changes the numbers, by NVFP4's error."""
+    torch.manual_seed(0)
+    m, x = MLP(), torch.randn(4, 16, 32)
+    compiled = torch.compile(m, backend="autoprec", options={"recipe": "nvfp4"})(x).detach()
+    exact = m(x).detach()
+    assert not torch.equal(compiled, exact)
+    assert 10 < sqnr_db(exact, compiled) < 25
+
+
+def test_rewritten_graph_op_counts(rewritten):
+    m = torch.compile(MLP(), backend="autoprec", options={"recipe": "nvfp4"})
+    m(torch.randn(4, 16, 32)).sum().backward()
+    ops = [n.target for g in rewritten for n in g.graph.nodes if n.op == "call_function"]
+    names = [str(t) for t in ops]
+    assert names.count("autoprec.scaled_mm.default") == 5
+    assert names.count("autoprec.quantize.default") == 10  # two operands per GEMM
+    assert not any(t in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) for t in ops)
+    tags = [n.meta["autoprec"] for g in rewritten for n in g.graph.nodes if "autoprec" in n.meta]
+    assert {t["role"] for t in tags} == {"fprop", "dgrad", "wgrad"}
+
+
+def test_odd_shapes_fall_back_to_bf16_with_reason():
+    layer = torch.nn.Linear(24, 40)  # K = 24 is no multiple of 16 or 32
+    m = torch.compile(layer, backend="autoprec", options={"recipe": "nvfp4"})
+    x = torch.randn(32, 24, requires_grad=True)
+    m(x).sum().backward()
+    plan = autoprec.plan(m)
+    by_role = {str(d.role): d for d in plan.decisions}
+    assert by_role["fprop"].fmt == "bf16" and "K=24 is not a multiple of the nvfp4 block 16" in by_role["fprop"].reason
+    assert by_role["wgrad"].fmt == "nvfp4"  # K = 32 tokens
+    assert by_role["dgrad"].fmt == "bf16" and "K=40" in by_role["dgrad"].reason
+    assert "BF16 instead of nvfp4" in str(plan)
+
+
+def test_nan_in_input_reaches_the_loss():
+    m = torch.compile(TinyGPT(), backend="autoprec", options={"recipe": "nvfp4"})
+    idx, tgt = tokens()
+    m.wpe.weight.data[3, 5] = float("nan")
+    assert torch.isnan(m(idx, tgt))
+
+
+def test_quantized_saved_activations_shrink():
+    saved = {}
+    for recipe in ("bf16", "mxfp8", "nvfp4"):
+        torch._dynamo.reset()
+        RECORDS.clear()
+        m = torch.compile(TinyGPT(), backend="autoprec", options={"recipe": recipe})
+        m(*tokens()).backward()
+        saved[recipe] = sum(autoprec.plan(m).saved_bytes.values())
+    assert saved["nvfp4"] < saved["mxfp8"] < saved["bf16"]
+
+
+def test_gpt_bf16_loss_close_to_fp32_eager():
+    torch.manual_seed(0)
+    model, (idx, tgt) = TinyGPT(), tokens()
+    loss = torch.compile(model, backend="autoprec", options={"recipe": "bf16"})(idx, tgt)
+    assert abs(loss.item() - model(idx, tgt).item()) < 2e-2
+
+
+def test_inductor_inner_matches_graph_modules():
+    torch.manual_seed(0)
+    m, x = MLP(), torch.randn(2, 16, 32)
+    want = torch.compile(m, backend="autoprec", options={"recipe": "mxfp8"})(x)
+    torch._dynamo.reset()
+    got = torch.compile(m, backend="autoprec", options={"recipe": "mxfp8", "inner": "inductor"})(x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
