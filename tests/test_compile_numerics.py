@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import bits_equal, sqnr_db
-from models import MLP, TinyGPT, tokens
+from gpt_model import MLP, TinyGPT, tokens
 from reference_autograd import qlinear
 
 import autoprec

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from models import MLP, TinyGPT, tokens
+from gpt_model import MLP, TinyGPT, tokens
 
 import autoprec
 from autoprec.backend import RECORDS

@@ -1,4 +1,8 @@
-"""Small models for the compiler tests."""
+"""A nanoGPT-style GPT (and an MLP) used by the examples, benchmarks and tests.
+
+Options cover what the compiler must handle: explicit or fused (SDPA) attention, a graph break
+inside each block, and a lm_head tied to the token embedding.
+"""
 from __future__ import annotations
 
 import math
@@ -64,6 +68,11 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+        for module in self.modules():  # nanoGPT's initialisation
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
