@@ -2,6 +2,7 @@
 from autoprec.api import plan
 from autoprec.backend import autoprec_backend
 from autoprec.formats import BF16, MXFP8, MXFP8_E5M2, NVFP4, Format, get_format
+from autoprec.overrides import annotate
 from autoprec.plan import Decision, Plan
 from autoprec.roles import MatmulRole
 
@@ -9,5 +10,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BF16", "MXFP8", "MXFP8_E5M2", "NVFP4", "Decision", "Format", "MatmulRole", "Plan",
-    "autoprec_backend", "get_format", "plan",
+    "annotate", "autoprec_backend", "get_format", "plan",
 ]

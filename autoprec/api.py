@@ -37,7 +37,7 @@ def plan(model: torch.nn.Module) -> Plan:
         raise ValueError(
             f"no autoprec plan for this {type(root).__name__}: compile it with backend='autoprec' and call it once"
         )
-    result = Plan()
+    result = Plan(hardware=records[0].hardware)
     covered: set[int] = set()
     for i, record in enumerate(records):
         prefix = _prefix(record, params)

@@ -1,11 +1,15 @@
 """Backend options (``torch.compile(..., options={...})``), validated into a frozen dataclass."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
+from autoprec.cost import HARDWARE
 from autoprec.formats import closest
 
-RECIPES = ("bf16", "mxfp8", "nvfp4")
+RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
+PHASES = ("pretrain", "rl_sampler", "rl_trainer")
 INNER = ("aot_eager", "inductor")
 SCALE_MODES = ("rceil", "floor")
 
@@ -14,26 +18,60 @@ SCALE_MODES = ("rceil", "floor")
 class CompileOptions:
     """What the autoprec backend was asked to do.
 
-    recipe: fixed preset for every matmul (``bf16``, ``mxfp8``, ``nvfp4``: RTN, 1x16 scales).
-    inner: how the rewritten forward/backward graphs run: ``aot_eager`` (GraphModules) or ``inductor``.
-    seed: base seed of the stochastic-rounding bits and of the RHT signs.
-    mx_scale: E8M0 scale rule for MXFP8 operands, ``rceil`` or ``floor``.
+    recipe: ``auto`` (calibrate, then solve) or a preset: ``bf16``, ``mxfp8``, ``nvfp4`` (every GEMM,
+        round-to-nearest), ``nvfp4_nvidia`` (NVIDIA's published NVFP4 recipe).
+    phase: ``pretrain``, ``rl_sampler`` (inference) or ``rl_trainer`` (forward copied from ``match``).
+    calibrate: high-precision calibration steps before the plan is fixed (``auto`` only).
+    budget: quality budget, the mean damage allowed per GEMM (relative error scale, see plan docs).
+    target_speedup: instead of a budget, the projected speedup to reach at least damage.
+    hardware: cost-model table, ``gb300``, ``b200`` or ``h100``.
+    match: the rl_sampler Plan (or its JSON path) whose forward numerics rl_trainer must reproduce.
+    overrides: ``{"glob over module names": fmt or {role: fmt}}``; wins over the solver.
+    plan: a Plan or a saved plan's path: use its decisions, skip calibration.
+    inner: ``aot_eager`` (GraphModules) or ``inductor``.  seed: SR bits and RHT signs.
+    mx_scale: E8M0 rule for MXFP8, ``rceil`` or ``floor``.
     """
 
-    recipe: str = "mxfp8"
+    recipe: str = "auto"
+    phase: str = "pretrain"
+    calibrate: int = 1
+    budget: float = 0.01
+    target_speedup: float | None = None
+    hardware: str = "gb300"
+    match: Any = None
+    overrides: dict = field(default_factory=dict)
+    plan: Any = None
     inner: str = "aot_eager"
     seed: int = 0
     mx_scale: str = "rceil"
 
     def __post_init__(self) -> None:
-        for name, valid in (("recipe", RECIPES), ("inner", INNER), ("mx_scale", SCALE_MODES)):
+        choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
+                   ("hardware", tuple(HARDWARE)))
+        for name, valid in choices:
             value = getattr(self, name)
             if value not in valid:
-                raise ValueError(
-                    f"autoprec option {name}={value!r} is not valid; choose from {', '.join(valid)}"
-                )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise TypeError(f"autoprec option seed must be an int, got {type(self.seed).__name__}")
+                raise ValueError(f"autoprec option {name}={value!r} is not valid; choose from {', '.join(valid)}")
+        for name in ("seed", "calibrate"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"autoprec option {name} must be an int, got {type(value).__name__}")
+        if self.calibrate < 1:
+            raise ValueError(f"autoprec option calibrate must be >= 1, got {self.calibrate}")
+        if not self.budget >= 0:
+            raise ValueError(f"autoprec option budget must be >= 0, got {self.budget}")
+        if self.target_speedup is not None and not self.target_speedup > 0:
+            raise ValueError(f"autoprec option target_speedup must be > 0, got {self.target_speedup}")
+        if not isinstance(self.overrides, dict):
+            raise TypeError(f"autoprec option overrides must be a dict, got {type(self.overrides).__name__}")
+        if (self.phase == "rl_trainer") != (self.match is not None):
+            raise ValueError(
+                "autoprec option match (the rl_sampler plan) goes with phase='rl_trainer', and it needs one"
+            )
+        for name in ("plan", "match"):
+            value = getattr(self, name)
+            if isinstance(value, (str, Path)) and not Path(value).is_file():
+                raise ValueError(f"autoprec option {name}: no plan file at {str(value)!r}")
 
 
 def parse_options(options: dict | CompileOptions | None) -> CompileOptions:

@@ -28,15 +28,20 @@ class MatmulNode:
     module_type: str
     seq_nr: int | None
     sdpa: bool
+    stack_ids: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return self.node.name
 
 
+def _stack(node: fx.Node) -> dict:
+    return node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+
+
 def _module_entry(node: fx.Node) -> tuple[str | None, str, str]:
     """(id, frame-relative path, class name) of the innermost nn.Module the node came from."""
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    stack = _stack(node)
     if not stack:
         return None, "", ""
     key, (path, cls) = list(stack.items())[-1]
@@ -81,6 +86,7 @@ def _plain_matmuls(graph: fx.Graph) -> list[MatmulNode]:
         found.append(MatmulNode(
             node, a, b, bias, av.shape[-2], bv.shape[-1], av.shape[-1],
             av.shape[0] if kind == "bmm" else None, mid, path, cls, node.meta.get("seq_nr"), _from_sdpa(node),
+            tuple(_stack(node)),
         ))
     return found
 
@@ -97,5 +103,5 @@ def find_fused_sdpa(graph: fx.Graph) -> list[MatmulNode]:
         mid, path, cls = _module_entry(node)
         batch = qv.shape[0] * qv.shape[1] if qv.ndim == 4 else qv.shape[0]
         found.append(MatmulNode(node, q, k, None, qv.shape[-2], kv.shape[-2], qv.shape[-1], batch,
-                                mid, path, cls, node.meta.get("seq_nr"), True))
+                                mid, path, cls, node.meta.get("seq_nr"), True, tuple(_stack(node))))
     return found

@@ -20,6 +20,7 @@ class Site:
     module_type: str
     sdpa: bool
     weight: fx.Node | None
+    stack_ids: tuple[str, ...] = ()
     gemms: list[RoleInfo] = field(default_factory=list)
 
     def role_counts(self) -> dict[MatmulRole, int]:
@@ -40,7 +41,8 @@ def group_sites(infos: list[RoleInfo]) -> list[Site]:
     for info in infos:
         mm = info.mm
         if info.role is MatmulRole.FPROP:
-            site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder)
+            site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder,
+                        mm.stack_ids)
             site.gemms.append(info)
             sites.append(site)
             if mm.seq_nr is not None:
@@ -48,7 +50,8 @@ def group_sites(infos: list[RoleInfo]) -> list[Site]:
             continue
         site = by_seq.get(mm.seq_nr) if mm.seq_nr is not None else None
         if site is None:
-            site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder)
+            site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder,
+                        mm.stack_ids)
             sites.append(site)
         elif info.weight_placeholder is not None or info.role is MatmulRole.WGRAD:
             assert site.weight is not None, f"{mm.name}: {info.role} pairs with forward site without a weight"

@@ -42,6 +42,8 @@ class PassRunner:
         except Exception as exc:
             node = _CURRENT_NODE.get()
             where = f" at node {node.name} ({node.target})" if node is not None else ""
+            if type(exc) in (ValueError, TypeError):  # bad user input: keep its type for the caller
+                raise type(exc)(f"autoprec pass {name!r}{where}: {exc}") from exc
             raise PassError(f"autoprec pass {name!r} failed{where}: {type(exc).__name__}: {exc}") from exc
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start

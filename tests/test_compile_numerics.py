@@ -2,8 +2,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits_equal, sqnr_db
 from gpt_model import MLP, TinyGPT, tokens
+from helpers import bits_equal, sqnr_db
 from reference_autograd import qlinear
 
 import autoprec

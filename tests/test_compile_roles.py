@@ -136,7 +136,8 @@ def test_unknown_option_and_bad_values():
     with pytest.raises(Exception, match="unknown autoprec option 'recpie'.*recipe"):
         compiled(MLP(), recpie="nvfp4")(x)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="recipe='fp4' is not valid; choose from bf16, mxfp8, nvfp4"):
+    valid = "auto, bf16, mxfp8, nvfp4, nvfp4_nvidia"
+    with pytest.raises(Exception, match=f"recipe=.fp4. is not valid; choose from {valid}"):
         compiled(MLP(), recipe="fp4")(x)
 
 

@@ -1,0 +1,60 @@
+"""The configurations a GEMM can take (format x rounding x RHT x weight tiles) and which of them each
+phase allows for each role."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoprec.roles import MatmulRole
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a GEMM. ``rounding`` applies to the gradient operand, ``tile2d`` to the weight."""
+
+    fmt: str
+    rounding: str = "rne"
+    rht: bool = False
+    tile2d: bool = False
+
+    @property
+    def label(self) -> str:
+        parts = [self.fmt]
+        if self.fmt != "bf16":
+            parts.append(self.rounding)
+        if self.rht:
+            parts.append("rht")
+        if self.tile2d:
+            parts.append("16x16")
+        return "/".join(parts)
+
+
+BF16 = Candidate("bf16")
+MXFP8 = Candidate("mxfp8")
+NVFP4 = Candidate("nvfp4")
+NVFP4_2D = Candidate("nvfp4", tile2d=True)
+NVFP4_SR = Candidate("nvfp4", "sr")
+NVFP4_SR_2D = Candidate("nvfp4", "sr", tile2d=True)
+NVFP4_SR_RHT = Candidate("nvfp4", "sr", rht=True)
+
+# measured during calibration (the plan shows all of them) ...
+MEASURED = {
+    MatmulRole.FPROP: (NVFP4, NVFP4_2D, MXFP8, BF16),
+    MatmulRole.DGRAD: (NVFP4, NVFP4_SR, NVFP4_SR_2D, MXFP8, BF16),
+    MatmulRole.WGRAD: (NVFP4, NVFP4_SR, NVFP4_SR_RHT, MXFP8, BF16),
+}
+# ... and what the pretrain policy lets the solver pick: forward by error; backward only unbiased
+# NVFP4 (stochastic rounding on gradients, RHT on wgrad operands), as in NVIDIA's NVFP4 recipe
+ELIGIBLE = {
+    MatmulRole.FPROP: (NVFP4, NVFP4_2D, MXFP8, BF16),
+    MatmulRole.DGRAD: (NVFP4_SR, NVFP4_SR_2D, MXFP8, BF16),
+    MatmulRole.WGRAD: (NVFP4_SR_RHT, MXFP8, BF16),
+}
+
+
+def measured(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
+    """Candidates calibration measures for a GEMM (16x16 tiles only where there is a weight)."""
+    return tuple(c for c in MEASURED[role] if has_weight or not c.tile2d)
+
+
+def eligible(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
+    return tuple(c for c in ELIGIBLE[role] if has_weight or not c.tile2d)

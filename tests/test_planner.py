@@ -1,0 +1,228 @@
+"""The planner: calibration scores, the budgeted solver, presets, overrides, plan files, RL matching."""
+import copy
+import json
+
+import pytest
+import torch
+from autoprec.passes.assign import damage
+from autoprec.passes.calibrate import Stat
+from gpt_model import TinyGPT, tokens
+from helpers import bits_equal
+
+import autoprec
+from autoprec.backend import RECORDS
+from autoprec.cost import HARDWARE, gemm_seconds
+from autoprec.plan import COLUMNS, Plan
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    RECORDS.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def model(**kw) -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16, **kw)
+
+
+def train_steps(m, steps: int = 2, **options):
+    c = torch.compile(m, backend="autoprec", options=options)
+    idx, tgt = tokens(batch=4, ctx=16, vocab=64)
+    losses = []
+    for _ in range(steps):
+        loss = c(idx, tgt)
+        loss.backward()
+        losses.append(loss.detach())
+    return c, losses
+
+
+def mean_damage(plan: Plan) -> float:
+    free = [d for d in plan.decisions if d.reason.startswith("auto")]
+    return sum(damage(Stat(d.err, d.bias, d.loss), d.role) for d in free) / len(free)
+
+
+def test_calibration_scores_and_budget():
+    c, _ = train_steps(model(), budget=0.01)
+    plan = autoprec.plan(c)
+    assert all(d.err is not None and d.bias is not None for d in plan.decisions)
+    assert all(d.loss is not None for d in plan.decisions if str(d.role) == "fprop")
+    assert all(d.loss is None for d in plan.decisions if str(d.role) != "fprop")
+    assert mean_damage(plan) <= 0.01
+    assert "nvfp4" in plan.flop_share() and plan.projected_speedup() > 1.0
+
+
+def test_bigger_budget_buys_more_fp4():
+    shares, speedups = [], []
+    for budget in (0.002, 0.01, 0.05):
+        torch._dynamo.reset()
+        RECORDS.clear()
+        c, _ = train_steps(model(), budget=budget)
+        plan = autoprec.plan(c)
+        assert mean_damage(plan) <= budget
+        shares.append(plan.flop_share().get("nvfp4", 0.0))
+        speedups.append(plan.projected_speedup())
+    assert shares == sorted(shares) and speedups == sorted(speedups) and shares[-1] > shares[0]
+
+
+def test_target_speedup_mode():
+    c, _ = train_steps(model(), target_speedup=1.2)
+    plan = autoprec.plan(c)
+    assert plan.projected_speedup() >= 1.2
+    assert all("least damage at 1.20x" in d.reason for d in plan.decisions if d.reason.startswith("auto"))
+
+
+def test_target_speedup_out_of_reach():
+    with pytest.raises(Exception, match="target_speedup=50 is out of reach; at most"):
+        train_steps(model(), target_speedup=50)
+
+
+def test_annotate_and_glob_overrides_win():
+    m = model()
+    autoprec.annotate(m.lm_head, "mxfp8")
+    autoprec.annotate(m.blocks[0].mlp.fc1, fprop="bf16", wgrad="nvfp4")
+    c, _ = train_steps(m, recipe="nvfp4", overrides={"blocks.1.*": {"dgrad": "mxfp8"}})
+    rows = {(d.module, str(d.role), d.index): d for d in autoprec.plan(c).decisions}
+    assert {rows["lm_head", r, 0].fmt for r in ("fprop", "dgrad", "wgrad")} == {"mxfp8"}
+    assert "override: annotate(Linear)" in rows["lm_head", "fprop", 0].reason
+    assert rows["blocks.0.mlp.fc1", "fprop", 0].fmt == "bf16"
+    w = rows["blocks.0.mlp.fc1", "wgrad", 0]
+    assert (w.fmt, w.rounding, w.rht) == ("nvfp4", "sr", True)  # the pretrain policy's nvfp4 for wgrad
+    assert rows["blocks.0.mlp.fc1", "dgrad", 0].reason == "recipe nvfp4"
+    d = rows["blocks.1.attn.qkv", "dgrad", 0]
+    assert d.fmt == "mxfp8" and d.reason == "override: 'blocks.1.*' dgrad"
+    assert rows["blocks.1.attn.qkv", "fprop", 0].fmt == "nvfp4"
+
+
+def test_override_errors_name_the_culprit():
+    with pytest.raises(Exception, match="'block.*.mlp.fc1' matches no module.*closest: .*blocks.0.mlp.fc1"):
+        train_steps(model(), recipe="nvfp4", overrides={"block.*.mlp.fc1": "bf16"})
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"overrides\['blocks.\*'\]: unknown format 'fp4'"):
+        train_steps(model(), recipe="nvfp4", overrides={"blocks.*": "fp4"})
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown role 'fwd'"):
+        train_steps(model(), recipe="nvfp4", overrides={"blocks.*": {"fwd": "bf16"}})
+    with pytest.raises(ValueError, match="unknown format 'nvfp5'.*nvfp4"):
+        autoprec.annotate(torch.nn.Linear(2, 2), "nvfp5")
+    with pytest.raises(ValueError, match="not both"):
+        autoprec.annotate(torch.nn.Linear(2, 2), "bf16", wgrad="mxfp8")
+
+
+def test_plan_json_round_trip_and_reload_skips_calibration(tmp_path):
+    m = model()
+    c, _ = train_steps(m, steps=2)
+    idx, tgt = tokens(batch=4, ctx=16, vocab=64)
+    want = c(idx, tgt).detach()  # planned and rewritten by now
+    plan = autoprec.plan(c)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert [d.to_json() for d in loaded.decisions] == [d.to_json() for d in plan.decisions]
+    torch._dynamo.reset()
+    RECORDS.clear()
+    m2 = copy.deepcopy(m)
+    c2 = torch.compile(m2, backend="autoprec", options={"plan": str(path)})
+    first = c2(idx, tgt)  # already quantized: no high-precision calibration step
+    assert bits_equal(first.detach(), want)
+    assert all(d.reason.startswith("plan file") for d in autoprec.plan(c2).decisions)
+
+
+def test_edited_plan_file(tmp_path):
+    c, _ = train_steps(model(), recipe="nvfp4", steps=1)
+    path = tmp_path / "plan.json"
+    autoprec.plan(c).save(path)
+    data = json.loads(path.read_text())
+    for d in data["decisions"]:
+        if d["module"] == "blocks.0.mlp.fc2":
+            d["fmt"], d["reason"] = "bf16", "edited by hand"
+    path.write_text(json.dumps(data))
+    torch._dynamo.reset()
+    RECORDS.clear()
+    c2, _ = train_steps(model(), steps=1, plan=str(path))
+    rows = [d for d in autoprec.plan(c2).decisions if d.module == "blocks.0.mlp.fc2"]
+    assert rows and all(d.fmt == "bf16" and d.reason == "plan file: edited by hand" for d in rows)
+
+
+def test_bad_plan_files(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"schema_version": 99, "decisions": []}))
+    with pytest.raises(ValueError, match="p.json: schema_version 99"):
+        Plan.load(path)
+    c, _ = train_steps(model(), recipe="mxfp8", steps=1)
+    plan = autoprec.plan(c)
+    data = json.loads(json.dumps({"schema_version": 1, "decisions": [d.to_json() for d in plan.decisions]}))
+    data["decisions"][0]["module"] = "blocks.0.atn.qkv"
+    path.write_text(json.dumps(data))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="module 'blocks.0.atn.qkv' is not in this model; closest: blocks.0.attn.qkv"):
+        train_steps(model(), steps=1, plan=str(path))
+    data["decisions"][0]["colour"] = "red"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="decision 0: unknown decision field"):
+        Plan.load(path)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="option plan: no plan file at"):  # dynamo wraps backend errors
+        train_steps(model(), plan=str(tmp_path / "missing.json"))
+
+
+def test_rl_trainer_logits_equal_sampler_bit_for_bit():
+    base = model()
+    idx, _ = tokens(batch=4, ctx=16, vocab=64)
+    sampler = torch.compile(copy.deepcopy(base), backend="autoprec", options={"phase": "rl_sampler"})
+    with torch.no_grad():
+        sampler(idx)  # calibration
+        want = sampler(idx)
+    sampler_plan = autoprec.plan(sampler)
+    assert set(sampler_plan.role_counts().values()) - {0} and sampler_plan.role_counts()["wgrad"] == 0
+    trainer = torch.compile(copy.deepcopy(base), backend="autoprec",
+                            options={"phase": "rl_trainer", "match": sampler_plan})
+    for _ in range(2):  # the calibration step already runs the sampler's forward numerics
+        got = trainer(idx)
+        assert bits_equal(got.detach(), want)
+        got.float().pow(2).mean().backward()
+    rows = autoprec.plan(trainer).decisions
+    assert all(d.reason == "matched to the rl_sampler plan" for d in rows if str(d.role) == "fprop")
+    mismatched = torch.compile(copy.deepcopy(base), backend="autoprec", options={"recipe": "bf16"})
+    assert not torch.equal(mismatched(idx).detach(), want)
+
+
+def test_rl_trainer_needs_match():
+    with pytest.raises(ValueError, match="match .* goes with phase='rl_trainer'"):
+        autoprec.options.parse_options({"phase": "rl_trainer"})
+
+
+def test_nvfp4_nvidia_preset():
+    torch.manual_seed(0)
+    m = TinyGPT(vocab=64, d=64, layers=4, heads=2, ctx=16)
+    c, _ = train_steps(m, recipe="nvfp4_nvidia", steps=1)
+    rows = autoprec.plan(c).decisions
+    for d in rows:
+        if d.module.startswith("blocks.3") or d.module == "lm_head":
+            assert d.fmt == "bf16", d
+        else:
+            assert d.fmt == "nvfp4"
+            assert d.rht == (str(d.role) == "wgrad")
+            assert d.rounding == ("rne" if str(d.role) == "fprop" else "sr")
+    weights = [d for d in rows if d.fmt == "nvfp4" and str(d.role) != "wgrad" and d.module.endswith(("qkv", "fc1"))]
+    assert weights and all(d.tile2d for d in weights)
+
+
+def test_table_columns_and_summary():
+    c, _ = train_steps(model(), recipe="nvfp4", steps=1)
+    text = str(autoprec.plan(c))
+    header = text.splitlines()[0].split()
+    assert header == list(COLUMNS)
+    assert "projected GEMM speedup vs BF16 on gb300" in text and "FLOPs: nvfp4 100%" in text
+
+
+def test_cost_model():
+    gb300, h100 = HARDWARE["gb300"], HARDWARE["h100"]
+    big = (2 * 8192**3, 2 * 8192**2, 8192**2)  # compute-bound
+    ratio = gemm_seconds(*big, "bf16", gb300) / gemm_seconds(*big, "nvfp4", gb300)
+    assert 5.0 < ratio < 6.0  # 15 / 2.5 PFLOPS, less the quantization's writes
+    assert gemm_seconds(*big, "nvfp4", h100) >= gemm_seconds(*big, "bf16", h100)  # no FP4 tensor cores
+    small = (2 * 64**3, 2 * 64**2, 64**2)  # memory-bound: only the bytes shrink
+    assert 1.0 < gemm_seconds(*small, "bf16", gb300) / gemm_seconds(*small, "nvfp4", gb300) < 6.0
