@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import torch
+
 from gpt_model import TinyGPT, tokens
 
 

@@ -23,6 +23,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (the CPU interpreter is for tests only)")
     import triton.testing
+
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.quantized import sr_bits
 

@@ -13,6 +13,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+
 from autoprec.kernels import dequantize_ref, quantize_ref  # noqa: E402
 
 CASES = [

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import torch
-from autoprec.kernels import fake_quantize_ref, qmm_ref, quantize_ref
 
 from autoprec.formats import FORMATS
+from autoprec.kernels import fake_quantize_ref, qmm_ref, quantize_ref
 
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from gpt_model import TinyGPT, tokens
 
 import autoprec
+from autoprec.options import RECIPES
+
+from gpt_model import TinyGPT, tokens
 
 
 def main() -> None:

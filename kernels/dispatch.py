@@ -11,12 +11,12 @@ import importlib.util
 import os
 
 import torch
+
+from autoprec.formats import Format
 from autoprec.kernels.hadamard_ref import rht_ref
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantizedTensor, sr_bits
-
-from autoprec.formats import Format
 
 MODES = ("auto", "triton", "ref")
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -6,6 +6,7 @@ order (j = 0..15, then the exact ·1/4) so that the fused Triton version matches
 from __future__ import annotations
 
 import torch
+
 from autoprec.kernels.quantized import normalize_axis
 
 TILE = 16

@@ -6,10 +6,10 @@ NaN/Inf gets scale code 255 (NaN), so it dequantizes to NaN.
 from __future__ import annotations
 
 import torch
-from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
-from autoprec.kernels.rounding_ref import e8m0_decode, e8m0_floor, e8m0_rceil, pow2, round_to_element
 
 from autoprec.formats import MXFP8, MXFP8_E5M2, Format
+from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
+from autoprec.kernels.rounding_ref import e8m0_decode, e8m0_floor, e8m0_rceil, pow2, round_to_element
 
 SCALE_MODES = ("rceil", "floor")
 E8M0_NAN = 255

@@ -6,6 +6,8 @@ back to 1 and every block holding NaN/Inf gets a NaN scale, so it dequantizes to
 from __future__ import annotations
 
 import torch
+
+from autoprec.formats import E2M1, E4M3, NVFP4
 from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
 from autoprec.kernels.rounding_ref import (
     FLT_MAX,
@@ -15,8 +17,6 @@ from autoprec.kernels.rounding_ref import (
     round_to_element,
     unpack_nibbles,
 )
-
-from autoprec.formats import E2M1, E4M3, NVFP4
 
 BLOCK = NVFP4.block_size
 # a tensor, not a Python float: torch computes ``float / tensor`` as ``reciprocal(tensor) * float``,

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from autoprec.kernels.quantized import QuantizedTensor
 
 from autoprec.formats import BF16, NVFP4, Format
+from autoprec.kernels.quantized import QuantizedTensor
 
 KIND_NVFP4, KIND_MXFP8, KIND_BF16 = 0, 1, 2
 

@@ -6,10 +6,10 @@ says how to read them."""
 from __future__ import annotations
 
 import torch
-from autoprec.kernels import dispatch
-from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 
 from autoprec.formats import BF16, NVFP4, get_format
+from autoprec.kernels import dispatch
+from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 
 Tensor = torch.Tensor
 

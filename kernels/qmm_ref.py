@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
-from autoprec.kernels.hadamard_ref import rht_ref
-from autoprec.kernels.quantize_ref import fake_quantize_ref
 
 from autoprec.formats import NVFP4, Format, get_format
+from autoprec.kernels.hadamard_ref import rht_ref
+from autoprec.kernels.quantize_ref import fake_quantize_ref
 
 
 def qmm_ref(

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
+
+from autoprec.formats import BF16, NVFP4, Format, get_format
 from autoprec.kernels.mxfp8_ref import check_mx_format, dequantize_mxfp8_ref, quantize_mxfp8_ref
 from autoprec.kernels.nvfp4_ref import dequantize_nvfp4_ref, quantize_nvfp4_ref
 from autoprec.kernels.quantized import QuantizedTensor, check_blocks, sr_bits
-
-from autoprec.formats import BF16, NVFP4, Format, get_format
 
 ROUNDINGS = ("rne", "sr")
 

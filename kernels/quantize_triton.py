@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from autoprec.formats import NVFP4, Format
 from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
 from autoprec.kernels.numerics_triton import (
     FLT_MAX,
@@ -21,8 +23,6 @@ from autoprec.kernels.numerics_triton import (
 )
 from autoprec.kernels.nvfp4_ref import ONE_SIXTH, nvfp4_encode_scale
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
-
-from autoprec.formats import NVFP4, Format
 
 BLOCK_R = 16
 BLOCK_K = 64

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
 from autoprec.kernels.operand import KIND_BF16, KIND_NVFP4, Operand
 

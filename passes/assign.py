@@ -11,16 +11,16 @@ import re
 from dataclasses import dataclass
 
 import torch.fx as fx
-from autoprec.passes import candidates as C
-from autoprec.passes.calibrate import Calibration, GemmKey, Stat
-from autoprec.passes.classify_roles import RoleInfo
-from autoprec.passes.group_sites import Site
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from autoprec.cost import Hardware, gemm_seconds, get_hardware
 from autoprec.formats import closest, get_format
 from autoprec.options import CompileOptions
 from autoprec.overrides import annotation_for, check_rules_match, parse_rules, rule_for
+from autoprec.passes import candidates as C
+from autoprec.passes.calibrate import Calibration, GemmKey, Stat
+from autoprec.passes.classify_roles import RoleInfo
+from autoprec.passes.group_sites import Site
 from autoprec.plan import Decision, Plan
 from autoprec.roles import MatmulRole
 from autoprec.solver import solve_mckp

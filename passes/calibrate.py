@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-from autoprec.kernels import dispatch
-from autoprec.passes.candidates import Candidate, measured
 
 from autoprec.formats import get_format
+from autoprec.kernels import dispatch
+from autoprec.passes.candidates import Candidate, measured
 from autoprec.roles import MatmulRole
 
 GemmKey = tuple[int, str, int]  # (site, role, ordinal within that site and role)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import networkx as nx
 import torch
 import torch.fx as fx
-from autoprec.passes.find_matmuls import MatmulNode
 
+from autoprec.passes.find_matmuls import MatmulNode
 from autoprec.roles import MatmulRole
 
 aten = torch.ops.aten

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch.fx as fx
-from autoprec.passes.classify_roles import RoleInfo
 
+from autoprec.passes.classify_roles import RoleInfo
 from autoprec.roles import MatmulRole
 
 

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import operator
 
-import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 import torch
 import torch.fx as fx
-from autoprec.passes.classify_roles import RoleInfo
-from autoprec.passes.runner import at_node
 from torch._guards import detect_fake_mode
 
+import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import NVFP4, get_format
 from autoprec.options import CompileOptions
+from autoprec.passes.classify_roles import RoleInfo
+from autoprec.passes.runner import at_node
 from autoprec.plan import Decision
 
 aten = torch.ops.aten

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+
 from autoprec.kernels import quantize, scaled_mm
 
 

@@ -2,12 +2,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from gpt_model import MLP, TinyGPT, tokens
-from helpers import bits_equal, sqnr_db
-from reference_autograd import qlinear
 
 import autoprec
 from autoprec.backend import RECORDS
+
+from gpt_model import MLP, TinyGPT, tokens
+from helpers import bits_equal, sqnr_db
+from reference_autograd import qlinear
 
 
 @pytest.fixture(autouse=True)

@@ -5,10 +5,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from gpt_model import MLP, TinyGPT, tokens
 
 import autoprec
 from autoprec.backend import RECORDS
+
+from gpt_model import MLP, TinyGPT, tokens
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,14 @@
 """Kernel dispatch: AUTOPREC_KERNELS modes, supports() reasons, and the torch.library ops."""
 import pytest
 import torch
+
 from autoprec.kernels import (
     dispatch,
     ops,  # noqa: F401  (registers torch.ops.autoprec)
     qmm_ref,
     quantize_ref,
 )
+
 from helpers import bits_equal
 
 

@@ -1,8 +1,10 @@
 """Random Hadamard transform: orthogonal, preserves products, fixed and seedable signs."""
 import pytest
 import torch
+
 from autoprec.kernels import rht_ref, rht_signs
 from autoprec.kernels.hadamard_ref import rht_matrix
+
 from helpers import bits_equal
 
 

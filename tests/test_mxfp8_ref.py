@@ -1,7 +1,9 @@
 """MXFP8 reference quantizer: E8M0 scale rules, element casts, edge blocks and round trips."""
 import pytest
 import torch
+
 from autoprec.kernels import dequantize_ref, quantize_ref
+
 from helpers import bits_equal
 
 

@@ -2,11 +2,12 @@
 import numpy as np
 import pytest
 import torch
-from autoprec.kernels import dequantize_ref, quantize_ref
-from autoprec.kernels.rounding_ref import unpack_nibbles
-from helpers import bits_equal
 
 from autoprec.formats import NVFP4
+from autoprec.kernels import dequantize_ref, quantize_ref
+from autoprec.kernels.rounding_ref import unpack_nibbles
+
+from helpers import bits_equal
 
 F32 = np.float32
 

@@ -4,15 +4,16 @@ import json
 
 import pytest
 import torch
-from autoprec.passes.assign import damage
-from autoprec.passes.calibrate import Stat
-from gpt_model import TinyGPT, tokens
-from helpers import bits_equal
 
 import autoprec
 from autoprec.backend import RECORDS
 from autoprec.cost import HARDWARE, gemm_seconds
+from autoprec.passes.assign import damage
+from autoprec.passes.calibrate import Stat
 from autoprec.plan import COLUMNS, Plan
+
+from gpt_model import TinyGPT, tokens
+from helpers import bits_equal
 
 
 @pytest.fixture(autouse=True)

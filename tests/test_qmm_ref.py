@@ -1,7 +1,9 @@
 """Emulated quantized matmul: SQNR floors per format on N(0, 1) data (measured dB in each case id)."""
 import pytest
 import torch
+
 from autoprec.kernels import fake_quantize_ref, qmm_ref
+
 from helpers import bits_equal, sqnr_db
 
 # (fmt_a, fmt_b, options, floor dB); the id carries the value measured on this data (seed 0)

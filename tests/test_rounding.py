@@ -3,6 +3,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
+from autoprec.formats import E2M1, E4M3, E5M2
 from autoprec.kernels.rounding_ref import (
     e2m1_decode,
     e2m1_encode,
@@ -13,9 +15,8 @@ from autoprec.kernels.rounding_ref import (
     round_to_element,
     unpack_nibbles,
 )
-from helpers import bits_equal
 
-from autoprec.formats import E2M1, E4M3, E5M2
+from helpers import bits_equal
 
 ORACLES = {"e2m1": ml_dtypes.float4_e2m1fn, "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 ELEMS = [E2M1, E4M3, E5M2]

@@ -1,12 +1,13 @@
 """Stochastic rounding: unbiased (mean error within 3 standard errors over >= 1e6 samples), reproducible."""
 import pytest
 import torch
+
+from autoprec.formats import E2M1, E4M3
 from autoprec.kernels import dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import sr_bits
 from autoprec.kernels.rounding_ref import round_to_element
-from helpers import bits_equal
 
-from autoprec.formats import E2M1, E4M3
+from helpers import bits_equal
 
 N = 1 << 20
 

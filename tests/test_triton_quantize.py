@@ -1,15 +1,15 @@
 """Triton quantizers equal the reference byte for byte (interpreter on CPU, small shapes)."""
 import pytest
 import torch
+
 from helpers import bits_equal, edge_tensor
 
 pytest.importorskip("triton")
 
+from autoprec.formats import get_format
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels.quantize_triton import quantize_triton
 from autoprec.kernels.quantized import sr_bits
-
-from autoprec.formats import get_format
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
