@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+from autoprec.kernels.ops import advance_sr_step
 from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.assign import assign, assign_forced, gemms_of
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, Calibration, GemmTag
@@ -192,6 +193,7 @@ class CompiledGraph:
         return self.variants[key]
 
     def __call__(self, *args):
+        advance_sr_step()
         return self._variant(list(args))(*args)
 
 

@@ -18,8 +18,9 @@ class Decision:
 
     ``module`` is the qualified module name and ``index`` tells apart GEMMs of the same module and
     role (attention has two dgrads). ``shape`` is (M, N, K), K the reduction, as expressions in the
-    symbolic sizes. ``rounding`` applies to the gradient operand (weights and activations always round
-    to nearest), ``tile2d`` to the weight. ``err``/``bias``/``loss`` are the calibrated scores of the
+    symbolic sizes, as is ``flops_expr`` (``flops`` is its value at the traced sizes). ``rounding``
+    applies to the gradient operand (weights and activations always round to nearest), ``tile2d`` to
+    the weight. ``err``/``bias``/``loss`` are the calibrated scores of the
     chosen configuration; ``seconds`` and ``bf16_seconds`` its projected time and the BF16 time.
     """
 
@@ -37,6 +38,7 @@ class Decision:
     seeds: tuple[int, int] = (0, 0)
     rewritten: bool = True
     flops: float = 0.0
+    flops_expr: str = ""
     seconds: float = 0.0
     bf16_seconds: float = 0.0
     weight_elems: int = 0

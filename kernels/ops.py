@@ -12,6 +12,15 @@ from autoprec.kernels import dispatch
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 
 Tensor = torch.Tensor
+SR_STEP_STRIDE = 1_000_003
+_sr_step = [0]
+
+
+def advance_sr_step() -> int:
+    """Move stochastic rounding to fresh random bits (the backend calls it once per compiled call), so
+    a GEMM does not round the same positions the same way every training step."""
+    _sr_step[0] += 1
+    return _sr_step[0]
 
 
 def _stored_shape(shape, axis: int) -> list:
@@ -23,7 +32,10 @@ def _stored_shape(shape, axis: int) -> list:
 def quantize(
     x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8."""
+    """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8. With SR,
+    the bits come from ``seed`` and the current SR step."""
+    if rounding == "sr":
+        seed = seed + SR_STEP_STRIDE * _sr_step[0]
     q = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode, rht=rht)
     ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=x.device)
     return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone()

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
+import sympy
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -32,6 +33,10 @@ NVIDIA_BF16_TAIL = 0.15  # nvfp4_nvidia keeps the last ~15% of blocks (and the h
 
 def _hint(v) -> int:
     return v if isinstance(v, int) else int(v.node.hint)
+
+
+def _expr(v) -> sympy.Expr:
+    return sympy.Integer(v) if isinstance(v, int) else v.node.expr
 
 
 @dataclass
@@ -59,6 +64,12 @@ class Gemm:
     def flops(self) -> float:
         b, m, n, k = self.dims()
         return 2.0 * b * m * n * k
+
+    def flops_expr(self) -> str:
+        """FLOPs as an expression in the graph's symbolic sizes (a number for static shapes)."""
+        mm = self.info.mm
+        batch = sympy.Integer(1) if mm.batch is None else _expr(mm.batch)
+        return str(sympy.expand(2 * batch * _expr(mm.m) * _expr(mm.n) * _expr(mm.k)))
 
     def operand_elems(self) -> float:
         b, m, n, k = self.dims()
@@ -261,7 +272,7 @@ class Assigner:
                 site=g.site.index, module=g.site.module_path, role=g.role, index=g.name_index,
                 shape=(str(mm.m), str(mm.n), str(mm.k)), batch=None if mm.batch is None else str(mm.batch),
                 fmt=c.fmt, rounding=c.rounding, rht=c.rht, tile2d=c.tile2d, reason=reason, seeds=g.seeds,
-                rewritten=not g.site.sdpa and "alpha/beta" not in reason, flops=g.flops(),
+                rewritten=not g.site.sdpa and "alpha/beta" not in reason, flops=g.flops(), flops_expr=g.flops_expr(),
                 seconds=g.seconds(c.fmt, self.hw), bf16_seconds=g.seconds("bf16", self.hw),
                 weight_elems=g.weight_elems(), err=stat.err if stat else None, bias=stat.bias if stat else None,
                 loss=stat.loss if stat else None,

@@ -128,3 +128,17 @@ def test_inductor_inner_matches_graph_modules():
     torch._dynamo.reset()
     got = torch.compile(m, backend="autoprec", options={"recipe": "mxfp8", "inner": "inductor"})(x)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_stochastic_rounding_draws_fresh_bits_each_step():
+    """SR with the same bits every step would round each position the same way, a bias across steps."""
+    torch.manual_seed(0)
+    m, x = MLP(), torch.randn(4, 16, 32)
+    c = torch.compile(m, backend="autoprec", options={"recipe": "nvfp4_nvidia"})
+    grads_per_step = []
+    for _ in range(2):
+        c(x).pow(2).mean().backward()
+        grads_per_step.append(m.fc1.weight.grad.clone())
+        m.zero_grad()
+    assert not torch.equal(grads_per_step[0], grads_per_step[1])  # same inputs, different SR bits
+    assert sqnr_db(grads_per_step[0], grads_per_step[1]) > 5

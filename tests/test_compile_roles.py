@@ -86,6 +86,7 @@ def test_dynamic_batch_size():
     plan = autoprec.plan(m)
     wgrad = [d for d in plan.decisions if str(d.role) == "wgrad"]
     assert wgrad and all(d.fmt == "nvfp4" and "s" in d.shape[2] for d in wgrad)  # K = 16·batch, symbolic
+    assert all(d.flops_expr.startswith("65536*s") for d in wgrad)  # 2·64·32·(16·s)
     assert len(RECORDS) == 1  # one graph for every batch size
 
 
