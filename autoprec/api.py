@@ -1,6 +1,7 @@
 """Public API: the plan of a compiled model."""
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import torch
@@ -32,6 +33,8 @@ def plan(model: torch.nn.Module) -> Plan:
     root = _root(model)
     params = {id(p): name for name, p in root.named_parameters(remove_duplicate=False)}
     modules = {str(id(m)): name for name, m in root.named_modules(remove_duplicate=False)}
+    gc.collect()  # compiled graphs dropped by torch._dynamo.reset() (or recompiles) take their plans along
+    RECORDS[:] = [r for r in RECORDS if r.alive]
     records = [r for r in RECORDS if r.param_ids & params.keys()]
     if not records:
         raise ValueError(

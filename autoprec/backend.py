@@ -11,6 +11,7 @@ so each plan belongs to the parameters it was made for.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,6 +46,11 @@ class GraphRecord:
     saved_bytes: int | None = None
     rewritten: int = 0
     hardware: str = "gb300"
+    owner: Callable[[], object] | None = None  # weakref to the compiled variant: gone after a dynamo reset
+
+    @property
+    def alive(self) -> bool:
+        return self.owner is None or self.owner() is not None
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -65,6 +71,7 @@ class _Variant:
         self.flat = _flat_args(self.gm, args)
         self.record = GraphRecord("training", hardware=self.opts.hardware)
         self.record.param_ids = {id(t) for t in self.flat if isinstance(t, torch.nn.Parameter)}
+        self.record.owner = weakref.ref(self)
         RECORDS.append(self.record)
         needs = self.opts.recipe == "auto" and self.opts.plan is None
         self.calibration = Calibration(self.opts.mx_scale) if needs else None

@@ -227,3 +227,13 @@ def test_cost_model():
     assert gemm_seconds(*big, "nvfp4", h100) >= gemm_seconds(*big, "bf16", h100)  # no FP4 tensor cores
     small = (2 * 64**3, 2 * 64**2, 64**2)  # memory-bound: only the bytes shrink
     assert 1.0 < gemm_seconds(*small, "bf16", gb300) / gemm_seconds(*small, "nvfp4", gb300) < 6.0
+
+
+def test_plan_follows_the_live_compilation():
+    m = model()
+    c, _ = train_steps(m, recipe="nvfp4", steps=1)
+    assert {d.fmt for d in autoprec.plan(c).decisions} == {"nvfp4"}
+    torch._dynamo.reset()
+    c2, _ = train_steps(m, recipe="mxfp8", steps=1)
+    fmts = {d.fmt for d in autoprec.plan(c2).decisions}
+    assert "nvfp4" not in fmts and "mxfp8" in fmts  # the dropped graph's plan is gone
