@@ -2,7 +2,19 @@
 TRITON_INTERPRET when it is first imported (torch.compile imports it too), so it is set here, first."""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A clean dynamo cache and plan registry around a compiler test."""
+    from autoprec.backend import RECORDS
+
+    torch._dynamo.reset()
+    RECORDS.clear()
+    yield
+    torch._dynamo.reset()

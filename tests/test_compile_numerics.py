@@ -10,13 +10,7 @@ from gpt_model import MLP, TinyGPT, tokens
 from helpers import bits_equal, sqnr_db
 from reference_autograd import qlinear
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    RECORDS.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.fixture

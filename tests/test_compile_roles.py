@@ -11,13 +11,7 @@ from autoprec.backend import RECORDS
 
 from gpt_model import MLP, TinyGPT, tokens
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    RECORDS.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def counts(plan) -> tuple[int, int, int]:

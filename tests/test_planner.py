@@ -15,13 +15,7 @@ from autoprec.plan import COLUMNS, Plan
 from gpt_model import TinyGPT, tokens
 from helpers import bits_equal
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    RECORDS.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def model(**kw) -> TinyGPT:
