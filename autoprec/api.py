@@ -51,6 +51,8 @@ def plan(model: torch.nn.Module) -> Plan:
         covered.update(w for w in record.weight_ids if w is not None)
         if record.saved_bytes is not None:
             result.saved_bytes[f"graph {i}"] = record.saved_bytes
+        for name, seconds in record.timings.items():
+            result.pass_seconds[name] = result.pass_seconds.get(name, 0.0) + seconds
     result.not_compiled = [
         name for name, m in root.named_modules() if isinstance(m, torch.nn.Linear) and id(m.weight) not in covered
     ]

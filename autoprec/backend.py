@@ -40,18 +40,17 @@ class GraphRecord:
     kind: str
     decisions: list[Decision] = field(default_factory=list)
     module_ids: list[str | None] = field(default_factory=list)
-    module_types: list[str] = field(default_factory=list)
     weight_ids: list[int | None] = field(default_factory=list)
     param_ids: set[int] = field(default_factory=set)
     saved_bytes: int | None = None
     rewritten: int = 0
     hardware: str = "gb300"
     owner: Callable[[], object] | None = None  # weakref to the compiled variant: gone after a dynamo reset
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
         return self.owner is None or self.owner() is not None
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 RECORDS: list[GraphRecord] = []
@@ -81,15 +80,15 @@ class _Variant:
     def __call__(self, *args):
         if self.calibration is not None and self.calibration.steps < self.opts.calibrate:
             if self.calibrating_fn is None:
-                self.calibrating_fn = self._aot(list(args), self._partition_calibrate, self._interpreter,
+                self.calibrating_fn = self._aot(self._partition_calibrate, self._interpreter,
                                                 self._inference_calibrate)
             return self.calibrating_fn(*args)
         if self.fn is None:
             inner = self._inner_compiler()
-            self.fn = self._aot(list(args), self._partition, inner, self._inference)
+            self.fn = self._aot(self._partition, inner, self._inference)
         return self.fn(*args)
 
-    def _aot(self, args: list, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
+    def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
         """AOTAutograd on dynamo's fake example inputs, inside dynamo's tracing context, so symbolic
         sizes stay symbolic even when this runs at a later call."""
         bw = (lambda g, ex: compiler(g, ex, last=True)) if compiler == self._interpreter else compiler
@@ -154,7 +153,6 @@ class _Variant:
             for info in site.gemms:
                 self.record.decisions.append(decisions[info.mm.node])
                 self.record.module_ids.append(site.module_id)
-                self.record.module_types.append(site.module_type)
                 self.record.weight_ids.append(weight_id)
         self.record.timings = runner.timings
 

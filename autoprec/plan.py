@@ -90,6 +90,7 @@ class Plan:
     saved_bytes: dict[str, int] = field(default_factory=dict)
     not_compiled: list[str] = field(default_factory=list)
     hardware: str = "gb300"
+    pass_seconds: dict[str, float] = field(default_factory=dict)
 
     def rows(self) -> list[tuple[str, ...]]:
         return [
@@ -144,6 +145,8 @@ class Plan:
         lines = [console.export_text().rstrip(), self.summary()]
         if self.not_compiled:
             lines.append("ran outside autoprec (eager, e.g. after a graph break): " + ", ".join(self.not_compiled))
+        if self.pass_seconds:
+            lines.append("pass times: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.pass_seconds.items()))
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> None:
