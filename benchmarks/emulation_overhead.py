@@ -1,0 +1,90 @@
+"""CPU cost of emulating low precision: step time of the all-NVFP4 plan over the BF16 plan.
+
+    OMP_NUM_THREADS=1 python benchmarks/emulation_overhead.py [--layers 2] [--d 64] [--ctx 64] [--steps 10]
+
+Both plans run the same rewritten graphs (quantize + scaled_mm custom ops); BF16 only casts its
+operands, NVFP4 quantizes them bit-exactly with the reference quantizer. For context it also times
+plain eager and, when torchao is installed and runs on this CPU torch, torchao's emulated MXFP8 recipe
+for dense linears (its MX QAT: MXFP8 forward, high-precision backward) on the same model, eagerly
+(otherwise it says why not).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import torch
+
+from gpt_model import TinyGPT, tokens
+
+
+def step_seconds(model, args) -> float:
+    idx, tgt = tokens(batch=args.batch, ctx=args.ctx, vocab=256)
+    times = []
+    for i in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        model(idx, tgt).backward()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def torchao_mxfp8(base: TinyGPT):
+    """torchao's emulated MXFP8 recipe for training dense linears (its MX QAT: MXFP8 forward with
+    emulated kernels, high-precision backward) on a copy of the model, or why it cannot run."""
+    try:
+        from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig
+        from torchao.quantization import quantize_
+        from torchao.quantization.qat import QATConfig
+
+        model = copy.deepcopy(base)
+        config = MXDynamicActivationMXWeightConfig(activation_dtype=torch.float8_e4m3fn,
+                                                   weight_dtype=torch.float8_e4m3fn)
+        quantize_(model, QATConfig(config, step="prepare"))
+        return model, None
+    except Exception as exc:  # a missing package or an unsupported CPU path: reported, not fatal
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--ctx", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    base = TinyGPT(vocab=256, d=args.d, layers=args.layers, heads=4, ctx=args.ctx)
+    rows = [("eager fp32", step_seconds(copy.deepcopy(base), args))]
+    for recipe in ("bf16", "mxfp8", "nvfp4"):
+        torch._dynamo.reset()
+        compiled = torch.compile(copy.deepcopy(base), backend="autoprec", options={"recipe": recipe})
+        rows.append((f"autoprec {recipe}", step_seconds(compiled, args)))
+    model, why_not = torchao_mxfp8(base)
+    if model is not None:
+        try:
+            rows.append(("torchao MXFP8 QAT (eager)", step_seconds(model, args)))
+        except Exception as exc:
+            why_not = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    bf16 = dict(rows)["autoprec bf16"]
+    print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}; median of {args.steps} steps")
+    print(f"{'path':<28}{'s/step':>10}{'x autoprec bf16':>17}")
+    for name, sec in rows:
+        print(f"{name:<28}{sec:>10.4f}{sec / bf16:>17.2f}")
+    print(f"NVFP4 plan / BF16 plan: {dict(rows)['autoprec nvfp4'] / bf16:.2f}x (target <= 1.5x)")
+    if why_not:
+        print(f"torchao MXFP8 did not run here: {why_not}")
+
+
+if __name__ == "__main__":
+    main()
