@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from rich.console import Console
+from rich.progress import Progress
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
@@ -116,6 +118,7 @@ class CalibratingInterpreter(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, calibration: Calibration, last: bool) -> None:
         super().__init__(gm)
         self.calibration, self.last = calibration, last
+        self.progress: Progress | None = None
 
     def run_node(self, n: fx.Node):
         result = super().run_node(n)
@@ -125,10 +128,15 @@ class CalibratingInterpreter(fx.Interpreter):
             bias, a, b = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
             with torch.no_grad():
                 self.calibration.measure(tag, MatmulRole(tag.key[1]), a, b, bias)
+            self.progress.advance(self.progress.task_ids[0])
         return result
 
     def run(self, *args, **kwargs):
-        out = super().run(*args, **kwargs)
+        tagged = sum(1 for n in self.graph.nodes if n.op == "call_function" and TAG in n.meta)
+        console = Console(stderr=True)
+        with Progress(console=console, transient=True, disable=not console.is_terminal) as self.progress:
+            self.progress.add_task("autoprec: calibrating GEMMs", total=tagged)
+            out = super().run(*args, **kwargs)
         if self.last:
             self.calibration.end_step()
         return out
