@@ -1,7 +1,8 @@
 """The one place that picks an implementation: Triton on CUDA, the reference on CPU.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
-reference, ``auto`` (or unset) chooses by device. A forced Triton run that a kernel does not support
+reference, ``=ref_inductor`` the reference compiled by inductor (bit-identical, faster CPU emulation),
+``auto`` (or unset) chooses by device. A forced Triton run that a kernel does not support
 raises with the kernel's reason; in ``auto`` mode such a call runs the reference, which is bit-exact
 with the kernel, so nothing is lost but speed.
 """
@@ -18,7 +19,7 @@ from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantizedTensor, sr_bits
 
-MODES = ("auto", "triton", "ref")
+MODES = ("auto", "triton", "ref", "ref_inductor")
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -42,7 +43,7 @@ def triton_runtime_reason(device: torch.device) -> str | None:
 
 def _use_triton(device: torch.device, reason: str | None) -> bool:
     mode = kernel_mode()
-    if mode == "ref":
+    if mode in ("ref", "ref_inductor"):
         return False
     reason = triton_runtime_reason(device) or reason
     if mode == "triton" and reason:

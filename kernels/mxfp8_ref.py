@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from autoprec.formats import MXFP8, MXFP8_E5M2, Format
-from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
+from autoprec.formats import MXFP8, MXFP8_E5M2, ElementType, Format
+from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis, reference_core
 from autoprec.kernels.rounding_ref import e8m0_decode, e8m0_floor, e8m0_rceil, pow2, round_to_element
 
 SCALE_MODES = ("rceil", "floor")
+MX_BLOCK = MXFP8.block_size
 E8M0_NAN = 255
 
 
@@ -34,19 +35,28 @@ def quantize_mxfp8_ref(
     check_mx_format(fmt, scale_mode)
     xm = blocked_view(x, fmt, axis)
     axis = normalize_axis(axis, x.ndim)
-    blocks = xm.unflatten(-1, (-1, fmt.block_size))
+    r = None if rand is None else rand.movedim(axis, -1).contiguous()
+    elems, scales = reference_core(mxfp8_core)(xm, r, fmt.elem, scale_mode == "floor")
+    return QuantizedTensor(fmt, elems.to(fmt.elem.torch_dtype), scales, None, axis, x.shape)
+
+
+def mxfp8_core(
+    xm: torch.Tensor, r: torch.Tensor | None, elem: ElementType, floor: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensor part of the quantizer on the blocked fp32 view: fp32 elements on the grid, E8M0 codes."""
+    blocks = xm.unflatten(-1, (-1, MX_BLOCK))
     amax_b, bad = block_amax(blocks)
-    exp_fn = e8m0_rceil if scale_mode == "rceil" else e8m0_floor
-    e = exp_fn(amax_b, fmt.elem)
-    r = None if rand is None else rand.movedim(axis, -1).contiguous().unflatten(-1, (-1, fmt.block_size))
-    elems = round_to_element(blocks * pow2(-e)[..., None], fmt.elem, r)
-    scales = torch.where(bad, E8M0_NAN, e + 127).to(torch.uint8)
-    codes = elems.flatten(-2).to(fmt.elem.torch_dtype)
-    return QuantizedTensor(fmt, codes, scales, None, axis, x.shape)
+    e = (e8m0_floor if floor else e8m0_rceil)(amax_b, elem)
+    rb = None if r is None else r.unflatten(-1, (-1, MX_BLOCK))
+    elems = round_to_element(blocks * pow2(-e)[..., None], elem, rb)
+    return elems.flatten(-2), torch.where(bad, E8M0_NAN, e + 127).to(torch.uint8)
 
 
 def dequantize_mxfp8_ref(q: QuantizedTensor) -> torch.Tensor:
     """fp32 values ``element · 2**(scale - 127)`` in the logical layout of the original tensor."""
-    vals = q.codes.to(torch.float32).unflatten(-1, (-1, q.fmt.block_size))
-    out = vals * e8m0_decode(q.scales)[..., None]
-    return out.flatten(-2).movedim(-1, q.axis)
+    return reference_core(mxfp8_values)(q.codes.to(torch.float32), q.scales).movedim(-1, q.axis)
+
+
+def mxfp8_values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    vals = codes.unflatten(-1, (-1, MX_BLOCK))
+    return (vals * e8m0_decode(scales)[..., None]).flatten(-2)

@@ -46,7 +46,8 @@ def round_to_element(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.c
     else:
         r = (s + MAGIC_RNE) - MAGIC_RNE
     mag = (r * pow2(e)).to(tl.int32, bitcast=True)
-    return (mag | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    out = (mag | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    return tl.where(x != x, float("nan"), out)
 
 
 @triton.jit

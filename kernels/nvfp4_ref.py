@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import E2M1, E4M3, NVFP4
-from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis
+from autoprec.kernels.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis, reference_core
 from autoprec.kernels.rounding_ref import (
     FLT_MAX,
     e2m1_decode,
@@ -62,25 +62,35 @@ def quantize_nvfp4_ref(
     tile_rows = BLOCK if tile2d else 1
     xm = blocked_view(x, NVFP4, axis, tile_rows)
     axis = normalize_axis(axis, x.ndim)
-    s_enc = nvfp4_encode_scale(xm.abs().amax() if xm.numel() else torch.zeros((), device=x.device))
-    s_dec = 1.0 / s_enc
+    r = None if rand is None else rand.movedim(axis, -1).contiguous()
+    if xm.numel() == 0:
+        raise ValueError(f"nvfp4 quantize needs a non-empty tensor, got shape {tuple(x.shape)}")
+    codes, s_b, s_dec = reference_core(nvfp4_core)(xm, r, tile_rows)
+    return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
 
+
+def nvfp4_core(
+    xm: torch.Tensor, r: torch.Tensor | None, tile_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tensor part of the quantizer on the blocked fp32 view: packed codes, fp32 block scales, S_dec."""
+    s_enc = nvfp4_encode_scale(xm.abs().amax())
+    s_dec = 1.0 / s_enc
     blocks = _tile(xm, tile_rows)
     amax_b, bad = block_amax(blocks)
-    s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH.to(x.device)), E4M3)
+    s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH.to(xm.device)), E4M3)
     s_b = torch.where(bad, float("nan"), s_b)
     e_b = torch.clamp(1.0 / (s_b * s_dec), max=FLT_MAX)
-
-    r = None if rand is None else _tile(rand.movedim(axis, -1).contiguous(), tile_rows)
-    v = round_to_element(torch.clamp(blocks * e_b[..., None], -E2M1.max, E2M1.max), E2M1, r)
-    codes = pack_nibbles(e2m1_encode(_untile(v, tile_rows)))
-    return QuantizedTensor(
-        NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec.reshape(()), axis, x.shape, tile_rows
-    )
+    rt = None if r is None else _tile(r, tile_rows)
+    v = round_to_element(torch.clamp(blocks * e_b[..., None], -E2M1.max, E2M1.max), E2M1, rt)
+    return pack_nibbles(e2m1_encode(_untile(v, tile_rows))), s_b, s_dec.reshape(())
 
 
 def dequantize_nvfp4_ref(q: QuantizedTensor) -> torch.Tensor:
     """fp32 values ``code · fp32(s_b) · S_dec`` in the logical layout of the original tensor."""
-    vals = _tile(e2m1_decode(unpack_nibbles(q.codes)), q.tile_rows)
-    out = vals * q.scales.to(torch.float32)[..., None] * q.tensor_scale
-    return _untile(out, q.tile_rows).movedim(-1, q.axis)
+    out = reference_core(nvfp4_values)(q.codes, q.scales.to(torch.float32), q.tensor_scale, q.tile_rows)
+    return out.movedim(-1, q.axis)
+
+
+def nvfp4_values(codes: torch.Tensor, scales: torch.Tensor, s_dec: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    vals = _tile(e2m1_decode(unpack_nibbles(codes)), tile_rows)
+    return _untile(vals * scales[..., None] * s_dec, tile_rows)

@@ -1,6 +1,7 @@
 """The quantized tensor: real codes + block scales (+ tensor scale), with the block axis recorded."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +83,20 @@ def block_amax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     finite = torch.isfinite(blocks)
     amax = torch.where(finite, blocks.abs(), torch.zeros_like(blocks)).amax(-1)
     return amax, ~finite.all(-1)
+
+
+_COMPILED: dict = {}
+
+
+def reference_core(fn):
+    """``fn`` itself, or with ``AUTOPREC_KERNELS=ref_inductor`` the same function compiled by inductor
+    (the same arithmetic fused into one loop: several times faster emulation on CPU, after a
+    compile of some seconds per function and flag combination)."""
+    if os.environ.get("AUTOPREC_KERNELS", "auto").lower() != "ref_inductor":
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
 
 
 def sr_bits(shape: torch.Size | tuple[int, ...], seed: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -17,6 +17,7 @@ ABS_MASK = 0x7FFFFFFF
 MAGIC_RNE = 8388608.0  # 2**23: adding and subtracting it rounds an fp32 in [0, 2**23) to an integer, RNE
 SR_BITS = 24  # random bits consumed per stochastically rounded value
 FLT_MAX = torch.finfo(torch.float32).max
+CANONICAL_NAN = float("nan")  # 0x7FC00000: NaN payloads and signs are not kept
 
 
 def pow2(e: torch.Tensor) -> torch.Tensor:
@@ -35,8 +36,9 @@ def round_to_element(
     """Round fp32 ``x`` to the nearest ``elem`` value (ties to even), saturating at ``±elem.max``.
 
     With ``rand`` (int32 of x's shape, low 24 bits used) it rounds stochastically instead: up with
-    probability equal to the position between the two neighbouring grid points. NaN stays NaN, ±Inf
-    saturates, the sign (also of -0) is kept. Returns fp32 values that lie exactly on the grid.
+    probability equal to the position between the two neighbouring grid points. NaN becomes the
+    canonical positive quiet NaN, ±Inf saturates, the sign (also of -0) is kept. Returns fp32 values
+    that lie exactly on the grid.
     """
     assert x.dtype == torch.float32
     a = torch.clamp((x.view(torch.int32) & ABS_MASK).view(torch.float32), max=elem.max)
@@ -49,7 +51,8 @@ def round_to_element(
         u = (rand & ((1 << SR_BITS) - 1)).to(torch.float32) * (2.0**-SR_BITS)
         r = lo + (u < (s - lo)).to(torch.float32)
     mag = r * pow2(e)
-    return (mag.view(torch.int32) | (x.view(torch.int32) & SIGN_MASK)).view(torch.float32)
+    out = (mag.view(torch.int32) | (x.view(torch.int32) & SIGN_MASK)).view(torch.float32)
+    return torch.where(torch.isnan(x), CANONICAL_NAN, out)
 
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
