@@ -3,7 +3,8 @@
     OMP_NUM_THREADS=1 python benchmarks/emulation_overhead.py [--layers 2] [--d 64] [--ctx 64] [--steps 10]
 
 Both plans run the same rewritten graphs (quantize + scaled_mm custom ops); BF16 only casts its
-operands, NVFP4 quantizes them bit-exactly with the reference quantizer. For context it also times
+operands, NVFP4 quantizes them bit-exactly with the reference quantizer (by default compiled by
+inductor, AUTOPREC_KERNELS=ref_inductor; set AUTOPREC_KERNELS=ref for the eager one). For context it also times
 plain eager and, when torchao is installed and runs on this CPU torch, torchao's emulated MXFP8 recipe
 for dense linears (its MX QAT: MXFP8 forward, high-precision backward) on the same model, eagerly
 (otherwise it says why not).
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("AUTOPREC_KERNELS", "ref_inductor")  # bit-identical to the eager reference, faster
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import torch
@@ -67,7 +69,6 @@ def main() -> None:
     base = TinyGPT(vocab=256, d=args.d, layers=args.layers, heads=4, ctx=args.ctx)
     rows = [("eager fp32", step_seconds(copy.deepcopy(base), args))]
     for recipe in ("bf16", "mxfp8", "nvfp4"):
-        torch._dynamo.reset()
         compiled = torch.compile(copy.deepcopy(base), backend="autoprec", options={"recipe": recipe})
         rows.append((f"autoprec {recipe}", step_seconds(compiled, args)))
     model, why_not = torchao_mxfp8(base)
@@ -77,7 +78,8 @@ def main() -> None:
         except Exception as exc:
             why_not = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     bf16 = dict(rows)["autoprec bf16"]
-    print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}; median of {args.steps} steps")
+    print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}; median of {args.steps} steps; "
+          f"AUTOPREC_KERNELS={os.environ['AUTOPREC_KERNELS']}")
     print(f"{'path':<28}{'s/step':>10}{'x autoprec bf16':>17}")
     for name, sec in rows:
         print(f"{name:<28}{sec:>10.4f}{sec / bf16:>17.2f}")

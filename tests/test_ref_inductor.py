@@ -4,6 +4,7 @@ import torch
 
 from autoprec.kernels import dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import sr_bits
+
 from helpers import bits_equal, edge_tensor
 
 CASES = [
