@@ -86,6 +86,9 @@ def block_amax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _COMPILED: dict = {}
+# one compiled entry per flag combination (SR or not, tiles, element type, autograd keys): more than
+# dynamo's default of 8 per function, and each is compiled once
+CORE_RECOMPILE_LIMIT = 64
 
 
 def reference_core(fn):
@@ -95,7 +98,13 @@ def reference_core(fn):
     if os.environ.get("AUTOPREC_KERNELS", "auto").lower() != "ref_inductor":
         return fn
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+        compiled = torch.compile(fn, dynamic=True)
+
+        def run(*args):
+            with torch._dynamo.config.patch(recompile_limit=CORE_RECOMPILE_LIMIT):
+                return compiled(*args)
+
+        _COMPILED[fn] = run
     return _COMPILED[fn]
 
 
