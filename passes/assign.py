@@ -264,7 +264,8 @@ class Assigner:
             problem = blocking_problem(g, c.fmt)
             if problem:
                 c, reason = C.BF16, f"{problem}: BF16 instead of {c.fmt}"
-            if g.info.mm.node.target.__name__.startswith("addmm") and g.info.mm.bias is None:
+            scaled_addmm = g.info.mm.node.target.__name__.startswith("addmm") and g.info.mm.bias is None
+            if scaled_addmm:
                 c, reason = C.BF16, "addmm with alpha/beta scaling: not rewritten"
             stat = (self.calibration.stats.get(g.key, {}).get(c) if self.calibration else None)
             mm = g.info.mm
@@ -272,7 +273,7 @@ class Assigner:
                 site=g.site.index, module=g.site.module_path, role=g.role, index=g.name_index,
                 shape=(str(mm.m), str(mm.n), str(mm.k)), batch=None if mm.batch is None else str(mm.batch),
                 fmt=c.fmt, rounding=c.rounding, rht=c.rht, tile2d=c.tile2d, reason=reason, seeds=g.seeds,
-                rewritten=not g.site.sdpa and "alpha/beta" not in reason, flops=g.flops(), flops_expr=g.flops_expr(),
+                rewritten=not (g.site.sdpa or scaled_addmm), flops=g.flops(), flops_expr=g.flops_expr(),
                 seconds=g.seconds(c.fmt, self.hw), bf16_seconds=g.seconds("bf16", self.hw),
                 weight_elems=g.weight_elems(), err=stat.err if stat else None, bias=stat.bias if stat else None,
                 loss=stat.loss if stat else None,
