@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from autoprec.kernels.ops import advance_sr_step
+from autoprec.kernels.ops import set_sr_step
 from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.assign import assign, assign_forced, gemms_of
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, Calibration, GemmTag
@@ -76,8 +76,11 @@ class _Variant:
         self.calibration = Calibration(self.opts.mx_scale) if needs else None
         self.calibrating_fn: Callable | None = None
         self.fn: Callable | None = None
+        self.calls = 0
 
     def __call__(self, *args):
+        self.calls += 1
+        set_sr_step(self.calls)  # per parameter set: a run's SR bits do not depend on other models
         if self.calibration is not None and self.calibration.steps < self.opts.calibrate:
             if self.calibrating_fn is None:
                 self.calibrating_fn = self._aot(self._partition_calibrate, self._interpreter,
@@ -198,7 +201,6 @@ class CompiledGraph:
         return self.variants[key]
 
     def __call__(self, *args):
-        advance_sr_step()
         return self._variant(list(args))(*args)
 
 

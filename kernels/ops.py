@@ -16,11 +16,12 @@ SR_STEP_STRIDE = 1_000_003
 _sr_step = [0]
 
 
-def advance_sr_step() -> int:
-    """Move stochastic rounding to fresh random bits (the backend calls it once per compiled call), so
-    a GEMM does not round the same positions the same way every training step."""
-    _sr_step[0] += 1
-    return _sr_step[0]
+def set_sr_step(step: int) -> None:
+    """Select the random bits of stochastic rounding: the backend sets its graph's call count before
+    each call, so a GEMM does not round the same positions the same way every training step, and a
+    run's bits do not depend on what else ran in the process. The backward of a call uses the step
+    of the latest forward call."""
+    _sr_step[0] = step
 
 
 def _stored_shape(shape, axis: int) -> list:
