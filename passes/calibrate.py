@@ -18,7 +18,7 @@ from rich.progress import Progress
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
-from autoprec.passes.candidates import Candidate, measured
+from autoprec.passes.candidates import Candidate, measured, operand_config
 from autoprec.roles import MatmulRole
 
 GemmKey = tuple[int, str, int]  # (site, role, ordinal within that site and role)
@@ -57,9 +57,7 @@ class Calibration:
             return dispatch.scaled_mm(a.bfloat16(), b.bfloat16(), bias)
         ops = []
         for which, x in enumerate((a, b)):
-            axis = x.ndim - 1 if which == 0 else x.ndim - 2
-            rounding = c.rounding if tag.grad_operand == which else "rne"
-            tile2d = c.tile2d and tag.weight_operand == which and x.ndim == 2
+            axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             ops.append(dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
                                          tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht))
         return dispatch.scaled_mm(ops[0], ops[1], bias)

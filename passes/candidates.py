@@ -51,6 +51,17 @@ ELIGIBLE = {
 }
 
 
+def operand_config(choice, which: int, ndim: int, grad_operand: int | None,
+                   weight_operand: int | None) -> tuple[int, str, bool]:
+    """(block axis, rounding, 16x16 tiles) of operand ``which`` (0 = a, 1 = b) of a GEMM run as
+    ``choice`` (a Candidate or a Decision): blocked along the reduction dim, the choice's rounding
+    on the gradient operand only, tiles on a 2D NVFP4 weight only."""
+    axis = ndim - 1 if which == 0 else ndim - 2
+    rounding = choice.rounding if grad_operand == which else "rne"
+    tile2d = choice.tile2d and choice.fmt == "nvfp4" and weight_operand == which and ndim == 2
+    return axis, rounding, tile2d
+
+
 def measured(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
     """Candidates calibration measures for a GEMM (16x16 tiles only where there is a weight)."""
     return tuple(c for c in MEASURED[role] if has_weight or not c.tile2d)

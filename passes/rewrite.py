@@ -8,8 +8,9 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
-from autoprec.formats import NVFP4, get_format
+from autoprec.formats import get_format
 from autoprec.options import CompileOptions
+from autoprec.passes.candidates import operand_config
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.runner import at_node
 from autoprec.plan import Decision
@@ -43,10 +44,7 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
             cval = val.to(torch.bfloat16)
         cast = _add(graph, aten._to_copy.default, (x,), {"dtype": torch.bfloat16}, meta, cval, tag)
         return [cast, cast, cast]
-    axis = val.ndim - 1 if which == 0 else val.ndim - 2
-    is_grad = info.grad_operand == which
-    rounding = d.rounding if is_grad else "rne"
-    tile2d = d.tile2d and info.weight_operand == which and get_format(d.fmt) is NVFP4 and val.ndim == 2
+    axis, rounding, tile2d = operand_config(d, which, val.ndim, info.grad_operand, info.weight_operand)
     args = (x, d.fmt, axis, rounding, d.seeds[which], tile2d, opts.mx_scale, d.rht)
     with fake:
         vals = autoprec_ops.quantize.default(val, *args[1:])
@@ -69,7 +67,8 @@ def rewrite_matmuls(
             with graph.inserting_before(node):
                 a = _operand(graph, info.mm.a, 0, d, info, opts, node.meta, tag)
                 b = _operand(graph, info.mm.b, 1, d, info, opts, node.meta, tag)
-                tile_rows = 16 if d.tile2d and get_format(d.fmt) is NVFP4 and info.weight_operand == 1 else 1
+                b_tiled = operand_config(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand)[2]
+                tile_rows = 16 if b_tiled else 1
                 out_dtype = node.meta["val"].dtype
                 args = (*a, d.fmt, *b, d.fmt, tile_rows, info.mm.bias, out_dtype)
                 fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
