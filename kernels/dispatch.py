@@ -15,19 +15,12 @@ import torch
 
 from autoprec.formats import Format
 from autoprec.kernels.hadamard_ref import rht_ref
+from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantizedTensor, sr_bits
 
-MODES = ("auto", "triton", "ref", "ref_inductor")
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def kernel_mode() -> str:
-    mode = os.environ.get("AUTOPREC_KERNELS", "auto").lower()
-    if mode not in MODES:
-        raise ValueError(f"AUTOPREC_KERNELS={mode!r} is not valid; use one of {', '.join(MODES)}")
-    return mode
 
 
 def triton_runtime_reason(device: torch.device) -> str | None:

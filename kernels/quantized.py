@@ -1,12 +1,12 @@
 """The quantized tensor: real codes + block scales (+ tensor scale), with the block axis recorded."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from autoprec.formats import Format
+from autoprec.kernels.mode import kernel_mode
 
 SR_SEED_BITS = 24
 
@@ -95,7 +95,7 @@ def reference_core(fn):
     """``fn`` itself, or with ``AUTOPREC_KERNELS=ref_inductor`` the same function compiled by inductor
     (the same arithmetic fused into one loop: several times faster emulation on CPU, after a
     compile of some seconds per function and flag combination)."""
-    if os.environ.get("AUTOPREC_KERNELS", "auto").lower() != "ref_inductor":
+    if kernel_mode() != "ref_inductor":
         return fn
     if fn not in _COMPILED:
         compiled = torch.compile(fn, dynamic=True)
