@@ -43,7 +43,6 @@ class GraphRecord:
     weight_ids: list[int | None] = field(default_factory=list)
     param_ids: set[int] = field(default_factory=set)
     saved_bytes: int | None = None
-    rewritten: int = 0
     hardware: str = "gb300"
     owner: Callable[[], object] | None = None  # weakref to the compiled variant: gone after a dynamo reset
     timings: dict[str, float] = field(default_factory=dict)
@@ -149,7 +148,7 @@ class _Variant:
         infos, sites = self._analyze(gm, *self._roles_inputs(gm, num_fwd_outputs), runner)
         decisions = runner.run("assign", assign, sites, self.opts, self.calibration)
         by_node = {info.mm.node: info for info in infos}
-        self.record.rewritten = runner.run("rewrite_matmuls", rewrite_matmuls, gm, decisions, by_node, self.opts)
+        runner.run("rewrite_matmuls", rewrite_matmuls, gm, decisions, by_node, self.opts)
         placeholders = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
         for site in sites:
             weight_id = id(self.flat[placeholders[site.weight]]) if site.weight in placeholders else None

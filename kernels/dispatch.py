@@ -116,10 +116,7 @@ def scaled_mm(
         from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
         return scaled_mm_triton(oa, ob, bias, out_dtype)
-    y = torch.matmul(_values(a), _values(b))
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(out_dtype)
+    return _reference_scaled_mm(a, b, bias, out_dtype)
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:
@@ -141,6 +138,11 @@ def _batched_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
     if _use_triton(device, None):
         items = [scaled_mm(_batch_item(a, i), _batch_item(b, i), bias, out_dtype) for i in range(_shape(a)[0])]
         return torch.stack(items)
+    return _reference_scaled_mm(a, b, bias, out_dtype)
+
+
+def _reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """Dequantized fp32 (batched) matmul, bias added in fp32, one rounding to ``out_dtype``."""
     y = torch.matmul(_values(a), _values(b))
     return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
 
