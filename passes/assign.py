@@ -178,12 +178,12 @@ class Assigner:
             d = self.plan_file.get(name_key)
             if d is None:
                 raise ValueError(f"plan file has no decision for {name_key}; it was made for another model")
-            return C.Candidate(d.fmt, d.rounding, d.rht, d.tile2d), f"plan file: {d.reason}"
+            return _candidate_of(d), f"plan file: {d.reason}"
         if self.match is not None and g.role is MatmulRole.FPROP:
             d = self.match.get(name_key)
             if d is None:
                 raise ValueError(f"autoprec option match: the sampler plan has no fprop for {g.site.module_path!r}")
-            return C.Candidate(d.fmt, d.rounding, d.rht, d.tile2d), "matched to the rl_sampler plan"
+            return _candidate_of(d), "matched to the rl_sampler plan"
         hit = annotation_for(g.site.stack_ids, g.role) or rule_for(self.rules, g.site.module_path, g.role)
         return (default_candidate(hit[0], g.role), hit[1]) if hit else None
 
@@ -193,17 +193,16 @@ class Assigner:
         return C.Candidate(self.opts.recipe), f"recipe {self.opts.recipe}"
 
     def assign(self) -> dict[GemmKey, tuple[C.Candidate, str]]:
-        out: dict[GemmKey, tuple[C.Candidate, str]] = {}
+        """Forced choices first, then fused SDPA, then the preset or (``auto``) the solver."""
+        out = self.forced_only()
         free = []
         for g in self.gemms:
+            if g.key in out:
+                continue
             if g.site.sdpa:
                 out[g.key] = (C.BF16, SDPA_REASON)
-                continue
-            choice = self.forced(g)
-            if choice is None and self.opts.recipe != "auto":
-                choice = self.preset(g)
-            if choice is not None:
-                out[g.key] = choice
+            elif self.opts.recipe != "auto":
+                out[g.key] = self.preset(g)
             else:
                 free.append(g)
         out.update(self.solve(free))
@@ -279,6 +278,10 @@ class Assigner:
                 loss=stat.loss if stat else None,
             )
         return out
+
+
+def _candidate_of(d: Decision) -> C.Candidate:
+    return C.Candidate(d.fmt, d.rounding, d.rht, d.tile2d)
 
 
 def _by_key(source, option: str, modules: list[str]) -> dict | None:
