@@ -1,7 +1,8 @@
 """Reference NVFP4 quantizer: E2M1 codes, E4M3 block scales (1x16 or 16x16), FP32 tensor scale.
 
-The scale chain follows DESIGN.md §3 step by step in fp32. Non-finite input: the tensor scale falls
-back to 1 and every block holding NaN/Inf gets a NaN scale, so it dequantizes to NaN.
+The scale chain follows DESIGN.md §3 step by step in fp32. Non-finite input: the tensor amax is taken
+over the finite values (one NaN must not flush every other block to zero), and every block holding
+NaN/Inf gets a NaN scale, so it dequantizes to NaN. An empty tensor quantizes to empty codes and scales.
 """
 from __future__ import annotations
 
@@ -64,16 +65,30 @@ def quantize_nvfp4_ref(
     axis = normalize_axis(axis, x.ndim)
     r = None if rand is None else rand.movedim(axis, -1).contiguous()
     if xm.numel() == 0:
-        raise ValueError(f"nvfp4 quantize needs a non-empty tensor, got shape {tuple(x.shape)}")
-    codes, s_b, s_dec = reference_core(nvfp4_core)(xm, r, tile_rows)
+        codes, s_b, s_dec = _empty_parts(xm, tile_rows)
+    else:
+        codes, s_b, s_dec = reference_core(nvfp4_core)(xm, r, tile_rows)
     return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
+
+
+def _empty_parts(xm: torch.Tensor, tile_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes, block scales and S_dec (1) of an empty blocked view, shaped as the core would shape them."""
+    lead, k = tuple(xm.shape[:-1]), xm.shape[-1]
+    scale_shape = (lead[0] // BLOCK, k // BLOCK) if tile_rows > 1 else lead + (k // BLOCK,)
+    codes = torch.zeros(lead + (k // 2,), dtype=torch.uint8, device=xm.device)
+    return codes, torch.zeros(scale_shape, device=xm.device), torch.ones((), device=xm.device)
+
+
+def finite_amax(x: torch.Tensor) -> torch.Tensor:
+    """max|x| over the finite values of ``x`` (0 when there are none)."""
+    return torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x)).amax()
 
 
 def nvfp4_core(
     xm: torch.Tensor, r: torch.Tensor | None, tile_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tensor part of the quantizer on the blocked fp32 view: packed codes, fp32 block scales, S_dec."""
-    s_enc = nvfp4_encode_scale(xm.abs().amax())
+    s_enc = nvfp4_encode_scale(finite_amax(xm))
     s_dec = 1.0 / s_enc
     blocks = _tile(xm, tile_rows)
     amax_b, bad = block_amax(blocks)

@@ -58,19 +58,16 @@ def _load_rand(rand_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.co
 
 
 @triton.jit
-def _amax_kernel(x_ptr, m_ptr, out_ptr, bad_ptr, R, K, s_r, s_k,
-                 BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
-    """Per-program partial max|x| (non-finite values left out) and a flag for any NaN/Inf."""
+def _amax_kernel(x_ptr, m_ptr, out_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """Per-program partial max|x| over the finite values."""
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
     y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
     a = tl.abs(y)
     finite = a < float("inf")
     amax = tl.max(tl.max(tl.max(tl.where(finite, a, 0.0), 2), 1), 0)
-    bad = tl.max(tl.max(tl.max(tl.where(finite, 0, 1), 2), 1), 0)
     pid = pid_r * tl.num_programs(1) + pid_k
     tl.store(out_ptr + pid, amax)
-    tl.store(bad_ptr + pid, bad)
 
 
 @triton.jit
@@ -194,9 +191,8 @@ def quantize_triton(
     common = dict(BR=BLOCK_R, BK=BLOCK_K, RHT=rht, SR=rand is not None)
     if fmt is NVFP4:
         partial = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.float32)
-        flags = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.int32)
-        _amax_kernel[grid](m, mt, partial, flags, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
-        amax = torch.where(flags.amax() > 0, float("inf"), partial.amax())
+        _amax_kernel[grid](m, mt, partial, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
+        amax = partial.amax()  # finite values only, as the reference
         s_enc = nvfp4_encode_scale(amax)
         s_dec = 1.0 / s_enc
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)

@@ -208,16 +208,32 @@ class Assigner:
         out.update(self.solve(free))
         return out
 
+    def unmeasured(self, g: Gemm) -> str | None:
+        """Why ``g`` has nothing for the solver to weigh (it then runs in BF16), or None."""
+        problems = [blocking_problem(g, f) for f in ("nvfp4", "mxfp8")]
+        if all(problems):
+            return " and ".join(problems)
+        if self.calibration is None:
+            return None
+        if g.key in self.calibration.problems:
+            return self.calibration.problems[g.key]
+        if not self.calibration.stats.get(g.key):
+            return "calibration saw no values (empty batches only)"
+        return None
+
     def options(self, g: Gemm) -> list[tuple[C.Candidate, float, float]]:
-        """(candidate, seconds, damage) the solver may pick for ``g``."""
-        stats = self.calibration.stats.get(g.key, {}) if self.calibration else {}
+        """(candidate, seconds, damage) the solver may pick for ``g``: eligible, measured, blockable."""
+        stats = self.calibration.stats.get(g.key, {}) if self.calibration and not self.unmeasured(g) else {}
         opts = []
         for c in C.eligible(g.role, g.has_weight):
             if c in stats and not blocking_problem(g, c.fmt):
-                opts.append((c, g.seconds(c.fmt, self.hw), damage(stats[c], g.role)))
+                d = damage(stats[c], g.role)
+                if math.isfinite(d):
+                    opts.append((c, g.seconds(c.fmt, self.hw), d))
         return opts or [(C.BF16, g.seconds("bf16", self.hw), 0.0)]
 
     def solve(self, free: list[Gemm]) -> dict[GemmKey, tuple[C.Candidate, str]]:
+        """The knapsack over ``free``; GEMMs with nothing measured take part as BF16-only items."""
         if not free:
             return {}
         options = [self.options(g) for g in free]
@@ -239,8 +255,12 @@ class Assigner:
         out = {}
         for g, o, j in zip(free, options, picks):
             c, _, d = o[j]
+            why = self.unmeasured(g)
+            if why:
+                out[g.key] = (C.BF16, f"auto: {why}: BF16")
+                continue
             others = ", ".join(f"{x.label} {dx:.1e}" for x, _, dx in o if x != c)
-            out[g.key] = (c, f"auto ({goal}): damage {d:.1e}; others {others}")
+            out[g.key] = (c, f"auto ({goal}): damage {d:.1e}" + (f"; others {others}" if others else ""))
         return out
 
     def forced_only(self) -> dict[GemmKey, tuple[C.Candidate, str]]:

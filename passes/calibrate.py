@@ -5,7 +5,9 @@ Per GEMM and candidate: relative error ``|Ŷ-Y|²/|Y|²`` (noise), relative bias
 ``mean((Ŷ-Y)·sign(Y)) / mean|Y|`` (signed error against the signal), and for fprop GEMMs the
 loss-aware score ``Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y²``, with ∂L/∂Y taken from the gradient operand of the
 same site's backward GEMMs when they run. Ŷ comes from the same quantize / scaled_mm calls the
-rewritten graph makes, so what is measured is what will run.
+rewritten graph makes, so what is measured is what will run. The sums are taken in float64 on values
+divided by the exact product's max, so the scores do not depend on the data's scale. A GEMM whose
+operands hold NaN/Inf is not measured: its ``problems`` entry says so, and the plan runs it in BF16.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class Calibration:
 
     mx_scale: str = "rceil"
     stats: dict[GemmKey, dict[Candidate, Stat]] = field(default_factory=dict)
+    problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
     steps: int = 0
     _fwd_error: dict[int, tuple[torch.Tensor, dict[Candidate, torch.Tensor]]] = field(default_factory=dict)
 
@@ -65,17 +68,26 @@ class Calibration:
     def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias) -> None:
         a32, b32 = a.detach().float(), b.detach().float()
         bias32 = None if bias is None else bias.detach().float()
-        exact = torch.matmul(a32, b32) + (0 if bias32 is None else bias32)
-        signal = exact.pow(2).sum().clamp_min(1e-30)
-        mean_abs = exact.abs().mean().clamp_min(1e-30)
+        site = tag.key[0]
+        problem = _non_finite(a32, b32, bias32)
+        if problem:
+            self.problems[tag.key] = problem
+            self._fwd_error.pop(site, None)
+            return
+        exact = torch.matmul(a32.double(), b32.double()) + (0 if bias32 is None else bias32.double())
+        if exact.numel() == 0 or a32.shape[-1] == 0:
+            return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
+        scale = _scale_of(exact)
+        exact = exact / scale
         has_weight = tag.weight_operand is not None
-        site, errors = tag.key[0], {}
+        errors = {}
         out = self.stats.setdefault(tag.key, {})
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c):
                 continue
-            diff = self.emulate(a32, b32, bias32, c, tag) - exact
-            out[c] = Stat(float(diff.pow(2).sum() / signal), float((diff * exact.sign()).mean() / mean_abs))
+            diff = self.emulate(a32, b32, bias32, c, tag).double() / scale - exact
+            out[c] = Stat(_ratio(diff.pow(2).sum(), exact.pow(2).sum()),
+                          _ratio((diff * exact.sign()).mean(), exact.abs().mean()))
             errors[c] = diff
         if role is MatmulRole.FPROP:
             self._fwd_error[site] = (exact, errors)
@@ -88,16 +100,36 @@ class Calibration:
             grad = grad.transpose(-1, -2)
         if grad.shape != exact.shape:
             return
-        g2 = grad.pow(2)
-        denom = float((g2 * exact.pow(2)).sum().clamp_min(1e-30))
+        grad = grad.double()
+        g2 = (grad / _scale_of(grad)).pow(2)
+        denom = (g2 * exact.pow(2)).sum()
         stats = self.stats[(site, str(MatmulRole.FPROP), 0)]
         for c, diff in errors.items():
-            stats[c].loss = float((g2 * diff.pow(2)).sum()) / denom
+            stats[c].loss = _ratio((g2 * diff.pow(2)).sum(), denom)
         del self._fwd_error[site]
 
     def end_step(self) -> None:
         self.steps += 1
         self._fwd_error.clear()
+
+
+def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """Which operands hold NaN/Inf (None when all are finite)."""
+    bad = [name for name, t in (("a", a), ("b", b), ("bias", bias)) if t is not None and not torch.isfinite(t).all()]
+    return f"calibration saw NaN/Inf in operand {' and '.join(bad)}" if bad else None
+
+
+def _scale_of(t: torch.Tensor) -> torch.Tensor:
+    """max|t| as a divisor (1 for an all-zero tensor): errors are measured on data scaled to max 1, in
+    float64, so neither overflow (inputs near 1e20) nor underflow (near 1e-30) distorts them."""
+    m = t.abs().max()
+    return torch.where(m > 0, m, torch.ones_like(m))
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
+    """num / den as a float; 0 when both are 0, the numerator alone when there is no signal."""
+    num, den = float(num), float(den)
+    return num / den if den > 0 else num
 
 
 def _blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate) -> bool:

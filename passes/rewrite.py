@@ -58,6 +58,11 @@ def rewrite_matmuls(
     """Replace every rewritten decision's node; returns how many were replaced."""
     graph = gm.graph
     count = 0
+    replaced: dict[fx.Node, fx.Node] = {}  # a GEMM's output feeding another GEMM: use the rewritten node
+
+    def current(x: fx.Node | None) -> fx.Node | None:
+        return replaced.get(x, x)
+
     for node, d in decisions.items():
         if not d.rewritten:
             continue
@@ -65,12 +70,12 @@ def rewrite_matmuls(
             info = infos[node]
             tag = {"site": d.site, "role": str(d.role), "format": d.fmt}
             with graph.inserting_before(node):
-                a = _operand(graph, info.mm.a, 0, d, info, opts, node.meta, tag)
-                b = _operand(graph, info.mm.b, 1, d, info, opts, node.meta, tag)
+                a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag)
+                b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag)
                 b_tiled = operand_config(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand)[2]
                 tile_rows = 16 if b_tiled else 1
                 out_dtype = node.meta["val"].dtype
-                args = (*a, d.fmt, *b, d.fmt, tile_rows, info.mm.bias, out_dtype)
+                args = (*a, d.fmt, *b, d.fmt, tile_rows, current(info.mm.bias), out_dtype)
                 fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
                 with detect_fake_mode([node.meta["val"]]):
                     val = autoprec_ops.scaled_mm.default(*fake_args)
@@ -79,6 +84,7 @@ def rewrite_matmuls(
                     out.meta["partitioner_tag"] = node.meta["partitioner_tag"]
             node.replace_all_uses_with(out)
             graph.erase_node(node)
+            replaced[node] = out
             count += 1
     graph.lint()
     gm.recompile()
