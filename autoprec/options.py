@@ -1,12 +1,14 @@
 """Backend options (``torch.compile(..., options={...})``), validated into a frozen dataclass."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from autoprec.cost import HARDWARE
 from autoprec.formats import closest
+from autoprec.plan import Plan
 
 RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
 PHASES = ("pretrain", "rl_sampler", "rl_trainer")
@@ -50,28 +52,43 @@ class CompileOptions:
                    ("hardware", tuple(HARDWARE)))
         for name, valid in choices:
             value = getattr(self, name)
+            _need(name, value, isinstance(value, str), "a string")
             if value not in valid:
                 raise ValueError(f"autoprec option {name}={value!r} is not valid; choose from {', '.join(valid)}")
         for name in ("seed", "calibrate"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"autoprec option {name} must be an int, got {type(value).__name__}")
+            _need(name, value, isinstance(value, int) and not isinstance(value, bool), "an int")
         if self.calibrate < 1:
             raise ValueError(f"autoprec option calibrate must be >= 1, got {self.calibrate}")
-        if not self.budget >= 0:
-            raise ValueError(f"autoprec option budget must be >= 0, got {self.budget}")
-        if self.target_speedup is not None and not self.target_speedup > 0:
-            raise ValueError(f"autoprec option target_speedup must be > 0, got {self.target_speedup}")
-        if not isinstance(self.overrides, dict):
-            raise TypeError(f"autoprec option overrides must be a dict, got {type(self.overrides).__name__}")
+        _need("budget", self.budget, _is_number(self.budget), "a number")
+        if not (math.isfinite(self.budget) and self.budget >= 0):
+            raise ValueError(f"autoprec option budget must be a finite number >= 0, got {self.budget}")
+        if self.target_speedup is not None:
+            _need("target_speedup", self.target_speedup, _is_number(self.target_speedup), "a number or None")
+            if not (math.isfinite(self.target_speedup) and self.target_speedup > 0):
+                raise ValueError(f"autoprec option target_speedup must be a finite number > 0, "
+                                 f"got {self.target_speedup}")
+        _need("overrides", self.overrides, isinstance(self.overrides, dict), "a dict")
         if (self.phase == "rl_trainer") != (self.match is not None):
             raise ValueError(
                 "autoprec option match (the rl_sampler plan) goes with phase='rl_trainer', and it needs one"
             )
         for name in ("plan", "match"):
             value = getattr(self, name)
+            _need(name, value, value is None or isinstance(value, (str, Path, Plan)),
+                  "an autoprec.Plan or the path of a saved plan")
             if isinstance(value, (str, Path)) and not Path(value).is_file():
                 raise ValueError(f"autoprec option {name}: no plan file at {str(value)!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _need(name: str, value: Any, ok: bool, what: str) -> None:
+    """TypeError naming option ``name`` unless ``ok``."""
+    if not ok:
+        raise TypeError(f"autoprec option {name} must be {what}, got {type(value).__name__} {value!r}")
 
 
 def parse_options(options: dict | CompileOptions | None) -> CompileOptions:
