@@ -6,10 +6,51 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from autoprec.formats import get_format
+from autoprec.cost import HARDWARE
+from autoprec.formats import FORMATS, get_format
 from autoprec.roles import MatmulRole
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added weight_shape; version 1 files still load (without the shape check)
+READABLE_VERSIONS = (1, 2)
+ROUNDINGS = ("rne", "sr")
+REQUIRED = ("site", "module", "role", "shape", "batch", "fmt")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# field -> (check, what a valid value is)
+FIELD_RULES = {
+    "site": (_is_int, "an int"),
+    "module": (lambda v: isinstance(v, str), "a module path string"),
+    "role": (lambda v: v in tuple(str(r) for r in MatmulRole), "one of fprop, dgrad, wgrad"),
+    "shape": (lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and all(isinstance(x, (str, int)) for x in v),
+              "[M, N, K]"),
+    "batch": (lambda v: v is None or isinstance(v, (str, int)), "a size or null"),
+    "fmt": (lambda v: v in FORMATS, f"one of {', '.join(FORMATS)}"),
+    "index": (_is_int, "an int"),
+    "rounding": (lambda v: v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}"),
+    "rht": (lambda v: isinstance(v, bool), "true or false"),
+    "tile2d": (lambda v: isinstance(v, bool), "true or false"),
+    "reason": (lambda v: isinstance(v, str), "a string"),
+    "seeds": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_is_int, v)), "[int, int]"),
+    "rewritten": (lambda v: isinstance(v, bool), "true or false"),
+    "flops": (_is_real, "a number"),
+    "flops_expr": (lambda v: isinstance(v, str), "a string"),
+    "seconds": (_is_real, "a number"),
+    "bf16_seconds": (_is_real, "a number"),
+    "weight_elems": (_is_int, "an int"),
+    "weight_shape": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(_is_int, v))),
+                     "a list of ints or null"),
+    "err": (lambda v: v is None or _is_real(v), "a number or null"),
+    "bias": (lambda v: v is None or _is_real(v), "a number or null"),
+    "loss": (lambda v: v is None or _is_real(v), "a number or null"),
+}
 
 
 @dataclass(frozen=True)
@@ -42,11 +83,16 @@ class Decision:
     seconds: float = 0.0
     bf16_seconds: float = 0.0
     weight_elems: int = 0
+    weight_shape: tuple[int, ...] | None = None
     err: float | None = None
     bias: float | None = None
     loss: float | None = None
 
     def __post_init__(self) -> None:
+        for name, (ok, valid) in FIELD_RULES.items():
+            value = getattr(self, name)
+            if not ok(str(value) if name == "role" else value):
+                raise ValueError(f"field {name!r} = {value!r} is not valid; expected {valid}")
         get_format(self.fmt)
         object.__setattr__(self, "role", MatmulRole(self.role))
 
@@ -65,13 +111,21 @@ class Decision:
 
     @classmethod
     def from_json(cls, d: dict, where: str) -> "Decision":
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: a decision must be a JSON object, got {type(d).__name__}")
+        if isinstance(d.get("module"), str) and isinstance(d.get("role"), str):
+            where = f"{where} ({d['module'] or '<root>'} {d['role']})"
         valid = {f.name for f in fields(cls)}
         unknown = set(d) - valid
         if unknown:
             raise ValueError(f"{where}: unknown decision field(s) {sorted(unknown)}; valid: {sorted(valid)}")
+        missing = [k for k in REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {missing}; a decision needs {', '.join(REQUIRED)}")
+        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape") if isinstance(d.get(k), list)}
         try:
-            return cls(**{**d, "shape": tuple(d["shape"]), "seeds": tuple(d.get("seeds", (0, 0)))})
-        except (KeyError, TypeError, ValueError) as exc:
+            return cls(**{**d, **tuples})
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
 
 
@@ -161,8 +215,18 @@ class Plan:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"plan file {where}: cannot read it: {exc}") from exc
-        if data.get("schema_version") != SCHEMA_VERSION:
+        if not isinstance(data, dict):
+            raise ValueError(f"plan file {where}: the top level must be a JSON object with fields schema_version, "
+                             f"hardware and decisions, got a {type(data).__name__}")
+        if data.get("schema_version") not in READABLE_VERSIONS:
             raise ValueError(f"plan file {where}: schema_version {data.get('schema_version')!r}, "
-                             f"this autoprec reads {SCHEMA_VERSION}")
+                             f"this autoprec reads {', '.join(map(str, READABLE_VERSIONS))}")
+        if not isinstance(data.get("decisions"), list):
+            raise ValueError(f"plan file {where}: field 'decisions' must be a list of decisions, "
+                             f"got {type(data.get('decisions')).__name__}")
+        hardware = data.get("hardware", "gb300")
+        if hardware not in HARDWARE:
+            raise ValueError(f"plan file {where}: field 'hardware' = {hardware!r} is not valid; "
+                             f"valid: {', '.join(HARDWARE)}")
         decisions = [Decision.from_json(d, f"plan file {where}, decision {i}") for i, d in enumerate(data["decisions"])]
-        return cls(decisions=decisions, hardware=data.get("hardware", "gb300"))
+        return cls(decisions=decisions, hardware=hardware)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import torch.fx as fx
@@ -78,6 +78,11 @@ class Gemm:
     def out_elems(self) -> float:
         b, m, n, _ = self.dims()
         return float(b * m * n)
+
+    def weight_shape(self) -> tuple[int, ...] | None:
+        """Shape of the layer's weight parameter (None for activation x activation products)."""
+        w = self.site.weight
+        return None if w is None else tuple(_hint(v) for v in w.meta["val"].shape)
 
     def weight_elems(self) -> int:
         if not self.has_weight or self.role is not MatmulRole.FPROP:
@@ -155,6 +160,16 @@ def blocking_problem(g: Gemm, fmt_name: str) -> str | None:
     return None
 
 
+def tile_problem(g: Gemm) -> str | None:
+    """Why ``g``'s weight cannot take 16x16 NVFP4 tiles (None when it can)."""
+    shape = g.weight_shape()
+    if shape is None or len(shape) != 2:
+        return f"16x16 tiles need a 2D weight, this one is {shape}"
+    if any(s % 16 for s in shape):
+        return f"16x16 tiles need both weight dims to be multiples of 16, weight {shape}"
+    return None
+
+
 class Assigner:
     """Chooses a Candidate for every GEMM of one graph."""
 
@@ -177,12 +192,14 @@ class Assigner:
         if self.plan_file is not None:
             d = self.plan_file.get(name_key)
             if d is None:
-                raise ValueError(f"plan file has no decision for {name_key}; it was made for another model")
+                raise ValueError(f"autoprec option plan: no decision for {name_key}; it was made for another model")
+            _check_shape(d, g, "plan")
             return _candidate_of(d), f"plan file: {d.reason}"
         if self.match is not None and g.role is MatmulRole.FPROP:
             d = self.match.get(name_key)
             if d is None:
                 raise ValueError(f"autoprec option match: the sampler plan has no fprop for {g.site.module_path!r}")
+            _check_shape(d, g, "match")
             return _candidate_of(d), "matched to the rl_sampler plan"
         hit = annotation_for(g.site.stack_ids, g.role) or rule_for(self.rules, g.site.module_path, g.role)
         return (default_candidate(hit[0], g.role), hit[1]) if hit else None
@@ -283,6 +300,9 @@ class Assigner:
             problem = blocking_problem(g, c.fmt)
             if problem:
                 c, reason = C.BF16, f"{problem}: BF16 instead of {c.fmt}"
+            tiles = tile_problem(g) if c.tile2d else None
+            if tiles:
+                c, reason = replace(c, tile2d=False), f"{reason}; {tiles}: 1x16 blocks instead"
             scaled_addmm = g.info.mm.node.target.__name__.startswith("addmm") and g.info.mm.bias is None
             if scaled_addmm:
                 c, reason = C.BF16, "addmm with alpha/beta scaling: not rewritten"
@@ -294,10 +314,18 @@ class Assigner:
                 fmt=c.fmt, rounding=c.rounding, rht=c.rht, tile2d=c.tile2d, reason=reason, seeds=g.seeds,
                 rewritten=not (g.site.sdpa or scaled_addmm), flops=g.flops(), flops_expr=g.flops_expr(),
                 seconds=g.seconds(c.fmt, self.hw), bf16_seconds=g.seconds("bf16", self.hw),
-                weight_elems=g.weight_elems(), err=stat.err if stat else None, bias=stat.bias if stat else None,
+                weight_elems=g.weight_elems(), weight_shape=g.weight_shape(), err=stat.err if stat else None, bias=stat.bias if stat else None,
                 loss=stat.loss if stat else None,
             )
         return out
+
+
+def _check_shape(d: Decision, g: Gemm, option: str) -> None:
+    """A saved decision must be for a weight of the same shape (plans of version 1 carry none)."""
+    here = g.weight_shape()
+    if d.weight_shape is not None and here is not None and tuple(d.weight_shape) != here:
+        raise ValueError(f"autoprec option {option}: the decision for {d.module or '<root>'} {d.role} was made for "
+                         f"a weight of shape {tuple(d.weight_shape)}, this model's is {here}: a plan of another model")
 
 
 def _candidate_of(d: Decision) -> C.Candidate:

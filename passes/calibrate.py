@@ -83,7 +83,7 @@ class Calibration:
         errors = {}
         out = self.stats.setdefault(tag.key, {})
         for c in measured(role, has_weight):
-            if not _blockable(a32, b32, c):
+            if not _blockable(a32, b32, c, tag.weight_operand):
                 continue
             diff = self.emulate(a32, b32, bias32, c, tag).double() / scale - exact
             out[c] = Stat(_ratio(diff.pow(2).sum(), exact.pow(2).sum()),
@@ -132,14 +132,18 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
-def _blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate) -> bool:
+def _blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate, weight_operand: int | None) -> bool:
+    """Whether candidate ``c`` can block these operands (16x16 tiles: both dims of a 2D weight)."""
     f = get_format(c.fmt)
     if not f.quantized:
         return True
     k = a.shape[-1]
     if k % f.block_size:
         return False
-    return not c.tile2d or (b.ndim == 2 and b.shape[-1] % 16 == 0)
+    if not c.tile2d:
+        return True
+    w = (a, b)[weight_operand] if weight_operand is not None else None
+    return w is not None and w.ndim == 2 and all(s % 16 == 0 for s in w.shape)
 
 
 class CalibratingInterpreter(fx.Interpreter):
