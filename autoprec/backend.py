@@ -11,6 +11,7 @@ so each plan belongs to the parameters it was made for.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from autoprec.passes.classify_roles import classify_roles
 from autoprec.passes.find_matmuls import find_matmuls
 from autoprec.passes.group_sites import group_sites
 from autoprec.passes.rewrite import rewrite_matmuls
-from autoprec.passes.runner import PassRunner
+from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
 from autoprec.plan import Decision
 
@@ -40,12 +41,14 @@ class GraphRecord:
     kind: str
     decisions: list[Decision] = field(default_factory=list)
     module_ids: list[str | None] = field(default_factory=list)
+    stack_ids: list[tuple[str, ...]] = field(default_factory=list)  # ids of each GEMM's enclosing modules
     weight_ids: list[int | None] = field(default_factory=list)
     param_ids: set[int] = field(default_factory=set)
     saved_bytes: int | None = None
     hardware: str = "gb300"
     owner: Callable[[], object] | None = None  # weakref to the compiled variant: gone after a dynamo reset
     timings: dict[str, float] = field(default_factory=dict)
+    failure: str | None = None  # a pass that failed: the graph ran as traced
 
     @property
     def alive(self) -> bool:
@@ -53,6 +56,16 @@ class GraphRecord:
 
 
 RECORDS: list[GraphRecord] = []
+
+
+def planned_module_ids() -> set[str]:
+    """Ids of the modules (and their ancestors) whose GEMMs a live compiled graph has planned."""
+    return {mid for r in RECORDS if r.alive for stack in r.stack_ids for mid in stack}
+
+
+def planned_weight_ids() -> set[int]:
+    """Ids of the parameters whose GEMMs a live compiled graph has planned."""
+    return {w for r in RECORDS if r.alive for w in r.weight_ids if w is not None}
 
 
 def _flat_args(gm: fx.GraphModule, args: list) -> list:
@@ -131,12 +144,29 @@ class _Variant:
         param_grads = {grads[i] for i, _ in params if i < len(grads) and isinstance(grads[i], fx.Node)}
         return {n for _, n in params}, param_grads
 
+    def _decide(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner, only_forced: bool):
+        """Analysis and assignment, which leave the graph untouched: (infos, sites, decisions), or None when
+        a pass broke an internal invariant; the graph then runs as traced and the plan says so."""
+        try:
+            infos, sites = self._analyze(gm, *self._roles_inputs(gm, num_fwd_outputs), runner)
+            if only_forced:
+                decisions = runner.run("assign_forced", assign_forced, sites, self.opts, self._weight_ids(gm))
+            else:
+                decisions = runner.run("assign", assign, sites, self.opts, self.calibration, self._weight_ids(gm))
+        except PassError as exc:
+            self.record.failure = str(exc)
+            warnings.warn(f"{exc}; this graph runs as traced, without autoprec's formats", UserWarning, stacklevel=2)
+            return None
+        return infos, sites, decisions
+
     def _tag(self, gm: fx.GraphModule, num_fwd_outputs: int | None) -> None:
         """Calibration graph: forced GEMMs are rewritten already (so e.g. rl_trainer's forward matches
         its sampler from the first step); every other GEMM is tagged for measurement."""
         runner = PassRunner()
-        infos, sites = self._analyze(gm, *self._roles_inputs(gm, num_fwd_outputs), runner)
-        forced = runner.run("assign_forced", assign_forced, sites, self.opts)
+        decided = self._decide(gm, num_fwd_outputs, runner, only_forced=True)
+        if decided is None:
+            return
+        infos, sites, forced = decided
         for g in gemms_of(sites, self.opts.seed):
             if not g.site.sdpa and g.info.mm.node not in forced:
                 g.info.mm.node.meta[TAG] = GemmTag(g.key, g.info.grad_operand, g.info.weight_operand, g.seeds)
@@ -145,8 +175,10 @@ class _Variant:
 
     def _plan_and_rewrite(self, gm: fx.GraphModule, num_fwd_outputs: int | None) -> None:
         runner = PassRunner()
-        infos, sites = self._analyze(gm, *self._roles_inputs(gm, num_fwd_outputs), runner)
-        decisions = runner.run("assign", assign, sites, self.opts, self.calibration)
+        decided = self._decide(gm, num_fwd_outputs, runner, only_forced=False)
+        if decided is None:
+            return
+        infos, sites, decisions = decided
         by_node = {info.mm.node: info for info in infos}
         runner.run("rewrite_matmuls", rewrite_matmuls, gm, decisions, by_node, self.opts)
         placeholders = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
@@ -155,8 +187,13 @@ class _Variant:
             for info in site.gemms:
                 self.record.decisions.append(decisions[info.mm.node])
                 self.record.module_ids.append(site.module_id)
+                self.record.stack_ids.append(site.stack_ids)
                 self.record.weight_ids.append(weight_id)
         self.record.timings = runner.timings
+
+    def _weight_ids(self, gm: fx.GraphModule) -> dict[fx.Node, int]:
+        """Parameter placeholders of ``gm`` -> ids of this variant's real parameters."""
+        return {n: id(self.flat[i]) for i, n in self._param_placeholders(gm)}
 
     def _param_placeholders(self, gm: fx.GraphModule) -> list[tuple[int, fx.Node]]:
         phs = [n for n in gm.graph.find_nodes(op="placeholder") if "tangents" not in n.name]

@@ -5,7 +5,9 @@ Both win over the solver and over presets; the plan names them as the reason.
 from __future__ import annotations
 
 import fnmatch
+import warnings
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +28,12 @@ def _check_fmt(fmt: str, where: str) -> str:
 def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | None = None,
              dgrad: str | None = None, wgrad: str | None = None) -> None:
     """Pin the format of every GEMM in ``module`` (and its children): ``fmt`` for all roles, or per
-    role with ``fprop=`` / ``dgrad=`` / ``wgrad=``. Call before the first compiled call."""
+    role with ``fprop=`` / ``dgrad=`` / ``wgrad=``.
+
+    An annotation applies to the GEMMs planned after it, so call it before the first compiled call:
+    GEMMs already planned keep their decision (a UserWarning says so) until the model is compiled
+    anew (``torch._dynamo.reset()``). ``autoprec.plan`` lists annotations that matched no GEMM.
+    """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"annotate needs an nn.Module, got {type(module).__name__}")
     per_role = {"fprop": fprop, "dgrad": dgrad, "wgrad": wgrad}
@@ -39,15 +46,49 @@ def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | No
         r: _check_fmt(v, where) for r, v in per_role.items() if v is not None}
     key = str(id(module))
     _ANNOTATIONS[key] = (weakref.ref(module, lambda _: _ANNOTATIONS.pop(key, None)), chosen)
+    from autoprec.backend import planned_module_ids, planned_weight_ids  # the backend imports this module
+
+    if key in planned_module_ids() or any(id(p) in planned_weight_ids() for p in module.parameters()):
+        warnings.warn(f"autoprec.annotate({type(module).__name__}): GEMMs of this module are already planned in a "
+                      f"compiled graph and keep their formats; the annotation applies to graphs compiled from now "
+                      f"on (call torch._dynamo.reset() to compile anew, or annotate before the first call)",
+                      UserWarning, stacklevel=2)
 
 
-def annotation_for(stack_ids: tuple[str, ...], role: MatmulRole) -> tuple[str, str] | None:
-    """(format, reason) pinned by the innermost annotated module of a GEMM's module stack."""
-    for mid in reversed(stack_ids):
-        entry = _ANNOTATIONS.get(mid)
-        if entry is not None and entry[0]() is not None and str(role) in entry[1]:
-            return entry[1][str(role)], f"override: annotate({type(entry[0]()).__name__}) {role}"
-    return None
+def annotated_modules() -> list[tuple[torch.nn.Module, dict[str, str]]]:
+    """The live annotated modules with their {role: format}."""
+    return [(m, spec) for ref, spec in list(_ANNOTATIONS.values()) if (m := ref()) is not None]
+
+
+@dataclass(frozen=True)
+class GemmOwner:
+    """What ties a GEMM to real modules: the module stack it was traced in (ids), the id of its weight
+    parameter, and the ids of its frame's parameters. One compiled graph can run for several module
+    instances (after a graph break), so parameters, not trace-time stacks, decide where they can."""
+
+    stack_ids: tuple[str, ...] = ()
+    weight_id: int | None = None
+    frame_params: frozenset[int] = frozenset()
+
+
+def annotation_for(owner: GemmOwner, role: MatmulRole) -> tuple[str, str] | None:
+    """(format, reason) pinned by the innermost annotated module holding a GEMM: the one owning its
+    weight; for a GEMM without weight, the innermost annotated module on its stack, else the smallest
+    annotated module holding all of its frame's parameters (e.g. the compiled root)."""
+    live = [(m, spec) for m, spec in annotated_modules() if str(role) in spec]
+    if not live:
+        return None
+    if owner.weight_id is not None:
+        holders = [(m, spec) for m, spec in live if any(id(p) == owner.weight_id for p in m.parameters())]
+    else:
+        by_id = {str(id(m)): (m, spec) for m, spec in live}
+        on_stack = [by_id[mid] for mid in owner.stack_ids if mid in by_id]
+        holders = on_stack[-1:] or [(m, spec) for m, spec in live if owner.frame_params
+                                    and owner.frame_params <= {id(p) for p in m.parameters()}]
+    if not holders:
+        return None
+    module, spec = min(holders, key=lambda h: sum(p.numel() for p in h[0].parameters()))
+    return spec[str(role)], f"override: annotate({type(module).__name__}) {role}"
 
 
 def parse_rules(rules: dict) -> list[tuple[str, dict[str, str]]]:

@@ -143,6 +143,7 @@ class Plan:
     decisions: list[Decision] = field(default_factory=list)
     saved_bytes: dict[str, int] = field(default_factory=dict)
     not_compiled: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what else the user should know: eager code, ignored annotations
     hardware: str = "gb300"
     pass_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -179,7 +180,7 @@ class Plan:
                 sum(d.weight_elems * 2.0 for d in fp))
 
     def summary(self) -> str:
-        share = ", ".join(f"{fmt} {100 * s:.0f}%" for fmt, s in sorted(self.flop_share().items()))
+        share = ", ".join(f"{fmt} {100 * s:.0f}%" for fmt, s in sorted(self.flop_share().items())) or "no GEMM planned"
         wq, wb = self.weight_bytes()
         text = (f"FLOPs: {share}; projected GEMM speedup vs BF16 on {self.hardware}: "
                 f"{self.projected_speedup():.2f}x; weights {wq / 1e6:.3f} MB (BF16 {wb / 1e6:.3f} MB)")
@@ -199,6 +200,7 @@ class Plan:
         lines = [console.export_text().rstrip(), self.summary()]
         if self.not_compiled:
             lines.append("ran outside autoprec (eager, e.g. after a graph break): " + ", ".join(self.not_compiled))
+        lines += self.notes
         if self.pass_seconds:
             lines.append("pass times: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.pass_seconds.items()))
         return "\n".join(lines)

@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from autoprec.cost import Hardware, gemm_seconds, get_hardware
 from autoprec.formats import closest, get_format
 from autoprec.options import CompileOptions
-from autoprec.overrides import annotation_for, check_rules_match, parse_rules, rule_for
+from autoprec.overrides import GemmOwner, annotation_for, check_rules_match, parse_rules, rule_for
 from autoprec.passes import candidates as C
 from autoprec.passes.calibrate import Calibration, GemmKey, Stat
 from autoprec.passes.classify_roles import RoleInfo
@@ -173,8 +173,11 @@ def tile_problem(g: Gemm) -> str | None:
 class Assigner:
     """Chooses a Candidate for every GEMM of one graph."""
 
-    def __init__(self, sites: list[Site], opts: CompileOptions, calibration: Calibration | None) -> None:
+    def __init__(self, sites: list[Site], opts: CompileOptions, calibration: Calibration | None,
+                 weight_ids: dict[fx.Node, int] | None = None) -> None:
         self.opts, self.calibration = opts, calibration
+        self.weight_ids = weight_ids or {}
+        self.frame_params = frozenset(self.weight_ids.values())
         self.hw = get_hardware(opts.hardware)
         self.gemms = gemms_of(sites, opts.seed)
         self.rules = parse_rules(opts.overrides)
@@ -201,7 +204,8 @@ class Assigner:
                 raise ValueError(f"autoprec option match: the sampler plan has no fprop for {g.site.module_path!r}")
             _check_shape(d, g, "match")
             return _candidate_of(d), "matched to the rl_sampler plan"
-        hit = annotation_for(g.site.stack_ids, g.role) or rule_for(self.rules, g.site.module_path, g.role)
+        owner = GemmOwner(g.site.stack_ids, self.weight_ids.get(g.site.weight), self.frame_params)
+        hit = annotation_for(owner, g.role) or rule_for(self.rules, g.site.module_path, g.role)
         return (default_candidate(hit[0], g.role), hit[1]) if hit else None
 
     def preset(self, g: Gemm) -> tuple[C.Candidate, str]:
@@ -300,6 +304,8 @@ class Assigner:
             problem = blocking_problem(g, c.fmt)
             if problem:
                 c, reason = C.BF16, f"{problem}: BF16 instead of {c.fmt}"
+            if g.site.problem:
+                c, reason = C.BF16, f"{g.site.problem}: BF16"
             tiles = tile_problem(g) if c.tile2d else None
             if tiles:
                 c, reason = replace(c, tile2d=False), f"{reason}; {tiles}: 1x16 blocks instead"
@@ -345,11 +351,14 @@ def _by_key(source, option: str, modules: list[str]) -> dict | None:
     return {d.key: d for d in plan.decisions}
 
 
-def assign(sites: list[Site], opts: CompileOptions, calibration: Calibration | None) -> dict[fx.Node, Decision]:
-    """The assignment pass: a Decision for every GEMM node of the graph."""
-    return Assigner(sites, opts, calibration).decisions()
+def assign(sites: list[Site], opts: CompileOptions, calibration: Calibration | None,
+           weight_ids: dict[fx.Node, int] | None = None) -> dict[fx.Node, Decision]:
+    """The assignment pass: a Decision for every GEMM node of the graph. ``weight_ids`` maps parameter
+    placeholders to the ids of the real parameters (for annotations)."""
+    return Assigner(sites, opts, calibration, weight_ids).decisions()
 
 
-def assign_forced(sites: list[Site], opts: CompileOptions) -> dict[fx.Node, Decision]:
+def assign_forced(sites: list[Site], opts: CompileOptions,
+                  weight_ids: dict[fx.Node, int] | None = None) -> dict[fx.Node, Decision]:
     """Decisions known before calibration (overrides, plan file, matched sampler forward)."""
-    return Assigner(sites, opts, None).decisions(only_forced=True)
+    return Assigner(sites, opts, None, weight_ids).decisions(only_forced=True)

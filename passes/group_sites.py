@@ -22,6 +22,7 @@ class Site:
     weight: fx.Node | None
     stack_ids: tuple[str, ...] = ()
     gemms: list[RoleInfo] = field(default_factory=list)
+    problem: str | None = None  # why its GEMMs could not be tied to a layer: they run in BF16
 
     def role_counts(self) -> dict[MatmulRole, int]:
         counts = {r: 0 for r in MatmulRole}
@@ -34,7 +35,8 @@ def group_sites(infos: list[RoleInfo]) -> list[Site]:
     """Forward matmuls open sites; backward ones join the site whose forward op has their seq_nr.
 
     The dataflow roles are checked against that pairing: a wgrad or weight dgrad must belong to a
-    forward matmul that reads the same parameter.
+    forward matmul that reads the same parameter. One that does not (e.g. the forward read an indexed
+    or gathered weight) gets a site of its own with the ``problem`` stated.
     """
     sites: list[Site] = []
     by_seq: dict[int, Site] = {}
@@ -49,13 +51,22 @@ def group_sites(infos: list[RoleInfo]) -> list[Site]:
                 by_seq.setdefault(mm.seq_nr, site)
             continue
         site = by_seq.get(mm.seq_nr) if mm.seq_nr is not None else None
-        if site is None:
+        problem = _pairing_problem(info, site) if site is not None else None
+        if site is None or problem:
             site = Site(len(sites), mm.module_id, mm.module_path, mm.module_type, mm.sdpa, info.weight_placeholder,
-                        mm.stack_ids)
+                        mm.stack_ids, problem=problem)
             sites.append(site)
-        elif info.weight_placeholder is not None or info.role is MatmulRole.WGRAD:
-            assert site.weight is not None, f"{mm.name}: {info.role} pairs with forward site without a weight"
-            if info.weight_placeholder is not None:
-                assert info.weight_placeholder is site.weight, f"{mm.name}: dgrad weight differs from its fprop's"
         site.gemms.append(info)
     return sites
+
+
+def _pairing_problem(info: RoleInfo, site: Site) -> str | None:
+    """Why a backward GEMM cannot join the site of its forward matmul (None when it can)."""
+    if info.weight_placeholder is None and info.role is not MatmulRole.WGRAD:
+        return None
+    if site.weight is None:
+        return (f"{info.role} of a forward matmul that reads no weight parameter directly "
+                "(an indexed or gathered weight?): not tied to a layer")
+    if info.weight_placeholder is not None and info.weight_placeholder is not site.weight:
+        return f"{info.role} reads another weight than its forward matmul: not tied to a layer"
+    return None

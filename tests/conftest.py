@@ -15,6 +15,7 @@ def fresh_dynamo():
     from autoprec.backend import RECORDS
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # graph-break reasons the plan reports
     RECORDS.clear()
     yield
     torch._dynamo.reset()
