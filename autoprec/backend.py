@@ -1,71 +1,44 @@
 """The ``autoprec`` torch.compile backend.
 
 Dynamo hands over an FX graph and real example inputs. AOTAutograd traces the joint forward+backward
-graph; our partition_fn sees it whole, runs the analysis and rewrite passes (so every GEMM is planned
-with its role known), then min-cut partitions it. Inference graphs (no_grad, eval) go through the
-same passes in the inference compiler. With recipe ``auto`` the first ``calibrate`` calls run the
-graphs through a measuring fx Interpreter (GEMMs fixed by overrides already rewritten); the next call
-plans and rewrites once. One compiled graph can serve several module instances after a
-graph break (identical blocks): the backend keeps one compiled variant per set of parameter objects,
-so each plan belongs to the parameters it was made for.
+graph; our partition_fn sees it whole, runs the analysis passes (so every GEMM is known with its role),
+looks each GEMM up in the model's plan (``ModelPlan``: one decision per root-relative module path, role
+and ordinal, shared by every graph of the model), rewrites it, then min-cut partitions. Inference graphs
+(no_grad, eval) go through the same passes in the inference compiler. With recipe ``auto`` the graphs
+first run through a measuring fx Interpreter; once one graph has finished ``calibrate`` runs, the plan
+is fixed for the whole model from the measurements of all its graphs (and ranks).
+
+Every graph gets one extra input: the model's call counter, which seeds stochastic rounding; backward
+quantizations read the value of their own forward call, so micro-batches draw fresh bits. One compiled
+graph can serve several module instances after a graph break: the backend keeps one variant per set of
+parameter objects and names each variant's GEMMs by the modules it really runs.
 """
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._guards import detect_fake_mode
 
-from autoprec.kernels.ops import set_sr_step
+from autoprec.model_plan import ModelPlan, find_root, frame_prefix, plan_for
 from autoprec.options import CompileOptions, parse_options
-from autoprec.passes.assign import assign, assign_forced, gemms_of
-from autoprec.passes.calibrate import TAG, CalibratingInterpreter, Calibration, GemmTag
+from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
 from autoprec.passes.classify_roles import classify_roles
 from autoprec.passes.find_matmuls import find_matmuls
-from autoprec.passes.group_sites import group_sites
+from autoprec.passes.gemms import GraphGemm, graph_gemms, key_seeds
+from autoprec.passes.group_sites import Site, group_sites
 from autoprec.passes.rewrite import rewrite_matmuls
 from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
 from autoprec.plan import Decision
+from autoprec.roles import MatmulRole
 
-
-@dataclass
-class GraphRecord:
-    """What one compiled variant decided: its decisions, the modules and parameters they refer to."""
-
-    kind: str
-    decisions: list[Decision] = field(default_factory=list)
-    module_ids: list[str | None] = field(default_factory=list)
-    stack_ids: list[tuple[str, ...]] = field(default_factory=list)  # ids of each GEMM's enclosing modules
-    weight_ids: list[int | None] = field(default_factory=list)
-    param_ids: set[int] = field(default_factory=set)
-    saved_bytes: int | None = None
-    hardware: str = "gb300"
-    owner: Callable[[], object] | None = None  # weakref to the compiled variant: gone after a dynamo reset
-    timings: dict[str, float] = field(default_factory=dict)
-    failure: str | None = None  # a pass that failed: the graph ran as traced
-
-    @property
-    def alive(self) -> bool:
-        return self.owner is None or self.owner() is not None
-
-
-RECORDS: list[GraphRecord] = []
-
-
-def planned_module_ids() -> set[str]:
-    """Ids of the modules (and their ancestors) whose GEMMs a live compiled graph has planned."""
-    return {mid for r in RECORDS if r.alive for stack in r.stack_ids for mid in stack}
-
-
-def planned_weight_ids() -> set[int]:
-    """Ids of the parameters whose GEMMs a live compiled graph has planned."""
-    return {w for r in RECORDS if r.alive for w in r.weight_ids if w is not None}
+STEP_INPUT = "autoprec_step"
 
 
 def _flat_args(gm: fx.GraphModule, args: list) -> list:
@@ -80,33 +53,48 @@ class _Variant:
     def __init__(self, owner: "CompiledGraph", args: list) -> None:
         self.owner, self.gm, self.opts = owner, owner.gm, owner.opts
         self.flat = _flat_args(self.gm, args)
-        self.record = GraphRecord("training", hardware=self.opts.hardware)
-        self.record.param_ids = {id(t) for t in self.flat if isinstance(t, torch.nn.Parameter)}
-        self.record.owner = weakref.ref(self)
-        RECORDS.append(self.record)
-        needs = self.opts.recipe == "auto" and self.opts.plan is None
-        self.calibration = Calibration(self.opts.mx_scale) if needs else None
+        params = [t for t in self.flat if isinstance(t, torch.nn.Parameter)]
+        root = find_root(params)
+        self.state: ModelPlan = plan_for(root, self.opts)
+        self.state.attach(self)
+        aliases: dict[int, list[str]] = {}  # tied parameters have several names
+        for n, p in (root.named_parameters(remove_duplicate=False) if root is not None else ()):
+            aliases.setdefault(id(p), []).append(n)
+        self.param_names = {id(p): aliases[id(p)] for p in params if id(p) in aliases}
+        for names in self.param_names.values():
+            self.state.param_names.update(names)
+        self.prefix = frame_prefix(root, [(s, a) for s, a in zip(owner.sources, args)
+                                          if isinstance(a, torch.nn.Parameter)])
+        self.module_names = {str(id(m)): n for n, m in root.named_modules(remove_duplicate=False)} if root else {}
+        self.label: str | None = None
         self.calibrating_fn: Callable | None = None
         self.fn: Callable | None = None
-        self.calls = 0
+        self.cal_runs = 0  # finished calibrating runs: backward passes of a training graph, or inference calls
+
+    def _calibrating(self) -> bool:
+        state = self.state
+        if state.fixed:
+            return False
+        if self.cal_runs >= self.opts.calibrate:
+            state.fix()
+            return False
+        return True
 
     def __call__(self, *args):
-        self.calls += 1
-        set_sr_step(self.calls)  # per parameter set: a run's SR bits do not depend on other models
-        if self.calibration is not None and self.calibration.steps < self.opts.calibrate:
+        step = torch.tensor(self.state.next_step(), dtype=torch.int64)
+        if self._calibrating():
             if self.calibrating_fn is None:
                 self.calibrating_fn = self._aot(self._partition_calibrate, self._interpreter,
                                                 self._inference_calibrate)
-            return self.calibrating_fn(*args)
+            return self.calibrating_fn(*args, step)
         if self.fn is None:
-            inner = self._inner_compiler()
-            self.fn = self._aot(self._partition, inner, self._inference)
-        return self.fn(*args)
+            self.fn = self._aot(self._partition, self._inner_compiler(), self._inference)
+        return self.fn(*args, step)
 
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
         """AOTAutograd on dynamo's fake example inputs, inside dynamo's tracing context, so symbolic
         sizes stay symbolic even when this runs at a later call."""
-        bw = (lambda g, ex: compiler(g, ex, last=True)) if compiler == self._interpreter else compiler
+        bw = (lambda g, ex: compiler(g, ex, on_end=self._end_run)) if compiler == self._interpreter else compiler
         with torch._guards.tracing(self.owner.tracing_context):
             return aot_module_simplified(self.gm, self.owner.example_inputs, fw_compiler=compiler, bw_compiler=bw,
                                          partition_fn=partition, inference_compiler=inference,
@@ -126,74 +114,102 @@ class _Variant:
             return compile_fx_inner
         return lambda g, example_inputs: make_boxed_func(g)
 
-    def _interpreter(self, gm: fx.GraphModule, example_inputs, last: bool = False) -> Callable:
-        """Runs ``gm`` unchanged while measuring its GEMMs; ``last`` closes a calibration step."""
-        calibration = self.calibration
-        return make_boxed_func(lambda *a: CalibratingInterpreter(gm, calibration, last).run(*a))
+    def _end_run(self) -> None:
+        self.cal_runs += 1
+        self.state.calibration.end_run(id(self))
 
-    def _analyze(self, gm: fx.GraphModule, params: set[fx.Node], param_grads: set[fx.Node], runner: PassRunner):
-        matmuls = runner.run("find_matmuls", find_matmuls, gm.graph)
-        infos = runner.run("classify_roles", classify_roles, gm.graph, matmuls, params, param_grads)
-        return infos, runner.run("group_sites", group_sites, infos)
+    def _interpreter(self, gm: fx.GraphModule, example_inputs, on_end: Callable[[], None] | None = None) -> Callable:
+        """Runs ``gm`` unchanged while measuring its GEMMs; ``on_end`` closes a calibrating run."""
+        calibration = self.state.calibration
+        return make_boxed_func(lambda *a: CalibratingInterpreter(gm, calibration, on_end).run(*a))
 
-    def _roles_inputs(self, gm: fx.GraphModule, num_fwd_outputs: int | None) -> tuple[set, set]:
+    def _path(self, site: Site) -> str:
+        """Root-relative module path of a site: the frame's prefix + its frame-relative path, or (for a
+        frame without parameters) the name of the module it was traced in."""
+        if self.prefix is not None:
+            return (self.prefix + site.module_path).rstrip(".")
+        return self.module_names.get(site.module_id, site.module_path) if site.module_id else site.module_path
+
+    def _gemms(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner) -> list[GraphGemm]:
         params = self._param_placeholders(gm)
-        if num_fwd_outputs is None:
-            return {n for _, n in params}, set()
-        grads = gm.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
-        param_grads = {grads[i] for i, _ in params if i < len(grads) and isinstance(grads[i], fx.Node)}
-        return {n for _, n in params}, param_grads
+        param_nodes = {n for _, n in params}
+        grads: set = set()
+        if num_fwd_outputs is not None:
+            outs = gm.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
+            grads = {outs[i] for i, _ in params if i < len(outs) and isinstance(outs[i], fx.Node)}
+        matmuls = runner.run("find_matmuls", find_matmuls, gm.graph)
+        infos = runner.run("classify_roles", classify_roles, gm.graph, matmuls, param_nodes, grads)
+        sites = runner.run("group_sites", group_sites, infos)
+        weight_ids = {n: id(self.flat[i]) for i, n in params}
+        return runner.run("graph_gemms", graph_gemms, sites, self._path, weight_ids)
 
     def _decide(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner, only_forced: bool):
-        """Analysis and assignment, which leave the graph untouched: (infos, sites, decisions), or None when
-        a pass broke an internal invariant; the graph then runs as traced and the plan says so."""
+        """(gemms, {key: Decision}) of a graph, or None when a pass broke an internal invariant: the graph
+        then runs as traced and the plan says so. Analysis and assignment leave the graph untouched."""
         try:
-            infos, sites = self._analyze(gm, *self._roles_inputs(gm, num_fwd_outputs), runner)
+            gemms = self._gemms(gm, num_fwd_outputs, runner)
+            specs = [g.spec for g in gemms]
             if only_forced:
-                decisions = runner.run("assign_forced", assign_forced, sites, self.opts, self._weight_ids(gm))
-            else:
-                decisions = runner.run("assign", assign, sites, self.opts, self.calibration, self._weight_ids(gm))
+                return gemms, runner.run("assign_forced", self.state.forced, specs)
+            return gemms, runner.run("assign", self.state.decide, specs, self.label)
         except PassError as exc:
-            self.record.failure = str(exc)
+            self.state.failures.append(str(exc))
             warnings.warn(f"{exc}; this graph runs as traced, without autoprec's formats", UserWarning, stacklevel=2)
             return None
-        return infos, sites, decisions
+
+    def _rewrite(self, gm: fx.GraphModule, num_fwd_outputs: int | None, gemms: list[GraphGemm],
+                 decisions: dict, runner: PassRunner) -> None:
+        """Rewrite the decided GEMMs; one whose shape in this graph cannot take its plan's blocks (a K
+        that differs between graphs) runs in BF16 here, and the plan's row says so."""
+        by_node: dict[fx.Node, Decision] = {}
+        for g in gemms:
+            d = decisions.get(g.spec.key)
+            if d is None:
+                continue
+            problem = g.spec.blocking.get(d.fmt)
+            if problem:
+                self.state.deviate(g.spec.key, f"in {self.label}: {problem}, BF16")
+                d = replace(d, fmt="bf16", rounding="rne", rht=False, tile2d=False)
+            by_node[g.info.mm.node] = d
+        infos = {g.info.mm.node: g.info for g in gemms}
+        runner.run("rewrite_matmuls", rewrite_matmuls, gm, by_node, infos, self.opts, self._step(gm))
+        for name, seconds in runner.timings.items():
+            self.state.pass_seconds[name] = self.state.pass_seconds.get(name, 0.0) + seconds
+
+    def _step(self, gm: fx.GraphModule) -> fx.Node:
+        """The step input: the last of the non-tangent placeholders (it is the last user input)."""
+        return [n for n in gm.graph.find_nodes(op="placeholder") if "tangents" not in n.name][-1]
 
     def _tag(self, gm: fx.GraphModule, num_fwd_outputs: int | None) -> None:
         """Calibration graph: forced GEMMs are rewritten already (so e.g. rl_trainer's forward matches
         its sampler from the first step); every other GEMM is tagged for measurement."""
+        self.label = self.label or self.state.new_graph("infer" if num_fwd_outputs is None else "train")
         runner = PassRunner()
         decided = self._decide(gm, num_fwd_outputs, runner, only_forced=True)
         if decided is None:
             return
-        infos, sites, forced = decided
-        for g in gemms_of(sites, self.opts.seed):
-            if not g.site.sdpa and g.info.mm.node not in forced:
-                g.info.mm.node.meta[TAG] = GemmTag(g.key, g.info.grad_operand, g.info.weight_operand, g.seeds)
-        by_node = {info.mm.node: info for info in infos}
-        runner.run("rewrite_matmuls", rewrite_matmuls, gm, forced, by_node, self.opts)
+        gemms, forced = decided
+        fprop_of = {}
+        for g in gemms:
+            if g.info.role is MatmulRole.FPROP:
+                fprop_of.setdefault(g.pair, g.spec.key)
+        for g in gemms:
+            if not g.spec.sdpa and g.spec.key not in forced:
+                g.info.mm.node.meta[TAG] = GemmTag(g.spec.key, fprop_of.get(g.pair), (id(self), g.pair),
+                                                   g.info.grad_operand, g.info.weight_operand,
+                                                   key_seeds(self.opts.seed, g.spec.key))
+        self._rewrite(gm, num_fwd_outputs, gemms, forced, runner)
 
     def _plan_and_rewrite(self, gm: fx.GraphModule, num_fwd_outputs: int | None) -> None:
+        self.label = self.label or self.state.new_graph("infer" if num_fwd_outputs is None else "train")
         runner = PassRunner()
         decided = self._decide(gm, num_fwd_outputs, runner, only_forced=False)
         if decided is None:
             return
-        infos, sites, decisions = decided
-        by_node = {info.mm.node: info for info in infos}
-        runner.run("rewrite_matmuls", rewrite_matmuls, gm, decisions, by_node, self.opts)
-        placeholders = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
-        for site in sites:
-            weight_id = id(self.flat[placeholders[site.weight]]) if site.weight in placeholders else None
-            for info in site.gemms:
-                self.record.decisions.append(decisions[info.mm.node])
-                self.record.module_ids.append(site.module_id)
-                self.record.stack_ids.append(site.stack_ids)
-                self.record.weight_ids.append(weight_id)
-        self.record.timings = runner.timings
-
-    def _weight_ids(self, gm: fx.GraphModule) -> dict[fx.Node, int]:
-        """Parameter placeholders of ``gm`` -> ids of this variant's real parameters."""
-        return {n: id(self.flat[i]) for i, n in self._param_placeholders(gm)}
+        gemms, decisions = decided
+        for g in gemms:
+            self.state.weight_names.update(self.param_names.get(g.spec.weight_id, ()))
+        self._rewrite(gm, num_fwd_outputs, gemms, decisions, runner)
 
     def _param_placeholders(self, gm: fx.GraphModule) -> list[tuple[int, fx.Node]]:
         phs = [n for n in gm.graph.find_nodes(op="placeholder") if "tangents" not in n.name]
@@ -206,28 +222,46 @@ class _Variant:
 
     def _inference_calibrate(self, gm: fx.GraphModule, example_inputs):
         self._tag(gm, None)
-        return self._interpreter(gm, example_inputs, last=True)
+        return self._interpreter(gm, example_inputs, on_end=self._end_run)
 
     def _partition(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **kwargs):
         self._plan_and_rewrite(joint, num_fwd_outputs)
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-        self.record.saved_bytes = saved_tensor_bytes(fw, num_fwd_outputs)
+        self.state.saved_bytes[self.label] = saved_tensor_bytes(fw, num_fwd_outputs)
         return fw, bw
 
     def _inference(self, gm: fx.GraphModule, example_inputs):
-        self.record.kind = "inference"
         self._plan_and_rewrite(gm, None)
         return self._inner_compiler()(gm, example_inputs)
+
+
+def _with_step_input(gm: fx.GraphModule, example_inputs: list) -> tuple[fx.GraphModule, list]:
+    """A copy of ``gm`` (dynamo keeps reading the original) with a last input for the call counter, and
+    the example inputs with its example."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    phs = graph.find_nodes(op="placeholder")
+    where = graph.inserting_after(phs[-1]) if phs else graph.inserting_before(next(iter(graph.nodes)))
+    with where:
+        node = graph.placeholder(STEP_INPUT)
+    fake_mode = detect_fake_mode(example_inputs)
+    value = torch.zeros((), dtype=torch.int64)
+    value = fake_mode.from_tensor(value) if fake_mode is not None else value
+    node.meta["example_value"] = node.meta["val"] = value
+    return fx.GraphModule(gm, graph), [*example_inputs, value]
 
 
 class CompiledGraph:
     """The callable handed back to dynamo: one compiled variant per set of parameter objects."""
 
     def __init__(self, gm: fx.GraphModule, opts: CompileOptions, example_inputs: list) -> None:
-        self.gm, self.opts = gm, opts
+        self.opts = opts
         self.tracing_context = torch._guards.TracingContext.try_get()
-        fakes = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
-        self.example_inputs = fakes if all(f is not None for f in fakes) else list(example_inputs)
+        phs = gm.graph.find_nodes(op="placeholder")
+        self.sources = [_source_name(n) for n in phs]
+        fakes = [n.meta.get("example_value") for n in phs]
+        inputs = fakes if all(f is not None for f in fakes) else list(example_inputs)
+        self.gm, self.example_inputs = _with_step_input(gm, inputs)
         self.variants: dict[tuple[int, ...], _Variant] = {}
 
     def _variant(self, args: list) -> _Variant:
@@ -238,6 +272,12 @@ class CompiledGraph:
 
     def __call__(self, *args):
         return self._variant(list(args))(*args)
+
+
+def _source_name(node: fx.Node) -> str | None:
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    return source.name if source is not None and isinstance(getattr(source, "name", None), str) else None
 
 
 def autoprec_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:

@@ -46,7 +46,7 @@ def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | No
         r: _check_fmt(v, where) for r, v in per_role.items() if v is not None}
     key = str(id(module))
     _ANNOTATIONS[key] = (weakref.ref(module, lambda _: _ANNOTATIONS.pop(key, None)), chosen)
-    from autoprec.backend import planned_module_ids, planned_weight_ids  # the backend imports this module
+    from autoprec.model_plan import planned_module_ids, planned_weight_ids  # it imports this module
 
     if key in planned_module_ids() or any(id(p) in planned_weight_ids() for p in module.parameters()):
         warnings.warn(f"autoprec.annotate({type(module).__name__}): GEMMs of this module are already planned in a "
@@ -118,10 +118,10 @@ def rule_for(rules: list[tuple[str, dict[str, str]]], module: str, role: MatmulR
 
 
 def check_rules_match(rules: list[tuple[str, dict[str, str]]], modules: list[str]) -> None:
-    """Every rule must name at least one compiled module; otherwise say which names are close."""
+    """Every rule must name at least one module of the model; otherwise say which names are close."""
     for pattern, _ in rules:
         if not any(fnmatch.fnmatchcase(m, pattern) for m in modules):
             raise ValueError(
-                f"autoprec option overrides: {pattern!r} matches no module with a matmul; "
+                f"autoprec option overrides: {pattern!r} matches no module of this model; "
                 f"closest: {closest(pattern, sorted(set(modules)) or ['<none>'])}"
             )

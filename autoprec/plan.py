@@ -47,6 +47,7 @@ FIELD_RULES = {
     "weight_elems": (_is_int, "an int"),
     "weight_shape": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(_is_int, v))),
                      "a list of ints or null"),
+    "graphs": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v), "a list of graph names"),
     "err": (lambda v: v is None or _is_real(v), "a number or null"),
     "bias": (lambda v: v is None or _is_real(v), "a number or null"),
     "loss": (lambda v: v is None or _is_real(v), "a number or null"),
@@ -84,6 +85,7 @@ class Decision:
     bf16_seconds: float = 0.0
     weight_elems: int = 0
     weight_shape: tuple[int, ...] | None = None
+    graphs: tuple[str, ...] = ()
     err: float | None = None
     bias: float | None = None
     loss: float | None = None
@@ -122,14 +124,14 @@ class Decision:
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}; a decision needs {', '.join(REQUIRED)}")
-        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape") if isinstance(d.get(k), list)}
+        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape", "graphs") if isinstance(d.get(k), list)}
         try:
             return cls(**{**d, **tuples})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
 
 
-COLUMNS = ("site", "module", "role", "MxNxK", "format", "rounding", "RHT", "err", "bias", "loss", "reason")
+COLUMNS = ("site", "module", "role", "MxNxK", "format", "rounding", "RHT", "err", "bias", "loss", "graphs", "reason")
 
 
 def _score(v: float | None) -> str:
@@ -151,7 +153,7 @@ class Plan:
         return [
             (str(d.site), d.module or "<root>", str(d.role), d.mnk, d.fmt + (" 16x16" if d.tile2d else ""),
              d.rounding if d.fmt != "bf16" else "-", "yes" if d.rht else "-", _score(d.err), _score(d.bias),
-             _score(d.loss), d.reason)
+             _score(d.loss), ",".join(d.graphs) or "-", d.reason)
             for d in self.decisions
         ]
 
@@ -205,10 +207,12 @@ class Plan:
             lines.append("pass times: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.pass_seconds.items()))
         return "\n".join(lines)
 
-    def save(self, path: str | Path) -> None:
-        data = {"schema_version": SCHEMA_VERSION, "hardware": self.hardware,
+    def to_json(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "hardware": self.hardware,
                 "decisions": [d.to_json() for d in self.decisions]}
-        Path(path).write_text(json.dumps(data, indent=1))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
@@ -217,18 +221,23 @@ class Plan:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"plan file {where}: cannot read it: {exc}") from exc
+        return cls.from_json(data, f"plan file {where}")
+
+    @classmethod
+    def from_json(cls, data, where: str) -> "Plan":
+        """A plan from its JSON form; ``where`` names the source in errors."""
         if not isinstance(data, dict):
-            raise ValueError(f"plan file {where}: the top level must be a JSON object with fields schema_version, "
+            raise ValueError(f"{where}: the top level must be a JSON object with fields schema_version, "
                              f"hardware and decisions, got a {type(data).__name__}")
         if data.get("schema_version") not in READABLE_VERSIONS:
-            raise ValueError(f"plan file {where}: schema_version {data.get('schema_version')!r}, "
+            raise ValueError(f"{where}: schema_version {data.get('schema_version')!r}, "
                              f"this autoprec reads {', '.join(map(str, READABLE_VERSIONS))}")
         if not isinstance(data.get("decisions"), list):
-            raise ValueError(f"plan file {where}: field 'decisions' must be a list of decisions, "
+            raise ValueError(f"{where}: field 'decisions' must be a list of decisions, "
                              f"got {type(data.get('decisions')).__name__}")
         hardware = data.get("hardware", "gb300")
         if hardware not in HARDWARE:
-            raise ValueError(f"plan file {where}: field 'hardware' = {hardware!r} is not valid; "
+            raise ValueError(f"{where}: field 'hardware' = {hardware!r} is not valid; "
                              f"valid: {', '.join(HARDWARE)}")
-        decisions = [Decision.from_json(d, f"plan file {where}, decision {i}") for i, d in enumerate(data["decisions"])]
+        decisions = [Decision.from_json(d, f"{where}, decision {i}") for i, d in enumerate(data["decisions"])]
         return cls(decisions=decisions, hardware=hardware)

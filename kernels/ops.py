@@ -5,23 +5,27 @@ Codes and scales cross the op boundary as uint8 (float8 bytes viewed as bytes); 
 says how to read them."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from autoprec.formats import BF16, NVFP4, get_format
 from autoprec.kernels import dispatch
+from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 
 Tensor = torch.Tensor
-SR_STEP_STRIDE = 1_000_003
-_sr_step = [0]
 
 
-def set_sr_step(step: int) -> None:
-    """Select the random bits of stochastic rounding: the backend sets its graph's call count before
-    each call, so a GEMM does not round the same positions the same way every training step, and a
-    run's bits do not depend on what else ran in the process. The backward of a call uses the step
-    of the latest forward call."""
-    _sr_step[0] = step
+def sr_stream(seed: int, step: int) -> int:
+    """The SR seed of one quantization: the GEMM operand's ``seed`` (< 2**31) and the model's call
+    counter ``step`` (< 2**32) packed into one 63-bit integer, so no two (GEMM, step) pairs share bits."""
+    return (seed << 32) | (step & 0xFFFFFFFF)
+
+
+@functools.cache
+def _signs(rht_seed: int) -> Tensor:
+    return rht_signs(rht_seed)
 
 
 def _stored_shape(shape, axis: int) -> list:
@@ -31,19 +35,23 @@ def _stored_shape(shape, axis: int) -> list:
 
 @torch.library.custom_op("autoprec::quantize", mutates_args=())
 def quantize(
-    x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool
+    x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool,
+    rht_seed: int, step: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8. With SR,
-    the bits come from ``seed`` and the current SR step."""
+    the bits come from ``seed`` and ``step`` (the model's call counter when the forward ran: a
+    backward quantization reads the step of its own forward, so each micro-batch draws fresh bits).
+    The RHT signs come from ``rht_seed``."""
     if rounding == "sr":
-        seed = seed + SR_STEP_STRIDE * _sr_step[0]
-    q = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode, rht=rht)
+        seed = sr_stream(seed, int(step))
+    q = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode, rht=rht,
+                          rht_signs=_signs(rht_seed) if rht else None)
     ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=x.device)
     return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone()
 
 
 @quantize.register_fake
-def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht):
+def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step):
     f = get_format(fmt)
     axis = normalize_axis(axis, x.ndim)
     stored = _stored_shape(x.shape, axis)

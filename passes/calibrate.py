@@ -11,6 +11,7 @@ operands hold NaN/Inf is not measured: its ``problems`` entry says so, and the p
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,25 +21,45 @@ from rich.progress import Progress
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
+from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.passes.candidates import Candidate, measured, operand_config
+from autoprec.passes.gemms import GemmKey
 from autoprec.roles import MatmulRole
 
-GemmKey = tuple[int, str, int]  # (site, role, ordinal within that site and role)
 TAG = "autoprec_gemm"
 
 
 @dataclass
 class Stat:
+    """Scores of one configuration of one GEMM, averaged over the ``count`` times it was measured
+    (several calibration steps, several graphs running the GEMM, several ranks)."""
+
     err: float
     bias: float
     loss: float | None = None
+    count: int = 1
+    loss_count: int = 0
+
+    def merge(self, other: "Stat") -> None:
+        n = self.count + other.count
+        self.err = (self.err * self.count + other.err * other.count) / n
+        self.bias = (self.bias * self.count + other.bias * other.count) / n
+        self.count = n
+        if other.loss is not None:
+            m = self.loss_count + other.loss_count
+            self.loss = ((self.loss or 0.0) * self.loss_count + other.loss * other.loss_count) / m
+            self.loss_count = m
 
 
 @dataclass
 class GemmTag:
-    """What calibration needs to know of a GEMM node (stored in ``node.meta[TAG]``)."""
+    """What calibration needs to know of a GEMM node (stored in ``node.meta[TAG]``): its model-level key,
+    the fprop key and graph-local ``pair`` id of its site (to score the forward with this backward's
+    gradient), which operands are gradient and weight, and its seeds."""
 
     key: GemmKey
+    fprop_key: GemmKey | None
+    pair: tuple[int, int]
     grad_operand: int | None
     weight_operand: int | None
     seeds: tuple[int, int]
@@ -46,13 +67,14 @@ class GemmTag:
 
 @dataclass
 class Calibration:
-    """Measurements of one compiled variant, filled while its calibration steps run."""
+    """Measurements of one model, from every graph that ran in calibration mode, keyed by GEMM key."""
 
     mx_scale: str = "rceil"
+    rht_seed: int = 0
     stats: dict[GemmKey, dict[Candidate, Stat]] = field(default_factory=dict)
     problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
-    steps: int = 0
-    _fwd_error: dict[int, tuple[torch.Tensor, dict[Candidate, torch.Tensor]]] = field(default_factory=dict)
+    _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor]]] = field(
+        default_factory=dict)
 
     def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag) -> torch.Tensor:
         """The product the rewritten graph would compute under candidate ``c``, in fp32."""
@@ -62,17 +84,17 @@ class Calibration:
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             ops.append(dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
-                                         tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht))
+                                         tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
+                                         rht_signs=rht_signs(self.rht_seed)))
         return dispatch.scaled_mm(ops[0], ops[1], bias)
 
     def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias) -> None:
         a32, b32 = a.detach().float(), b.detach().float()
         bias32 = None if bias is None else bias.detach().float()
-        site = tag.key[0]
         problem = _non_finite(a32, b32, bias32)
         if problem:
             self.problems[tag.key] = problem
-            self._fwd_error.pop(site, None)
+            self._fwd_error.pop(tag.pair, None)
             return
         exact = torch.matmul(a32.double(), b32.double()) + (0 if bias32 is None else bias32.double())
         if exact.numel() == 0 or a32.shape[-1] == 0:
@@ -86,16 +108,20 @@ class Calibration:
             if not _blockable(a32, b32, c, tag.weight_operand):
                 continue
             diff = self.emulate(a32, b32, bias32, c, tag).double() / scale - exact
-            out[c] = Stat(_ratio(diff.pow(2).sum(), exact.pow(2).sum()),
-                          _ratio((diff * exact.sign()).mean(), exact.abs().mean()))
+            stat = Stat(_ratio(diff.pow(2).sum(), exact.pow(2).sum()),
+                        _ratio((diff * exact.sign()).mean(), exact.abs().mean()))
+            if c in out:
+                out[c].merge(stat)
+            else:
+                out[c] = stat
             errors[c] = diff
         if role is MatmulRole.FPROP:
-            self._fwd_error[site] = (exact, errors)
-        elif tag.grad_operand is not None and site in self._fwd_error:
-            self._loss_scores(site, (a32, b32)[tag.grad_operand])
+            self._fwd_error[tag.pair] = (tag.key, exact, errors)
+        elif tag.grad_operand is not None and tag.pair in self._fwd_error:
+            self._loss_scores(tag.pair, (a32, b32)[tag.grad_operand])
 
-    def _loss_scores(self, site: int, grad: torch.Tensor) -> None:
-        exact, errors = self._fwd_error[site]
+    def _loss_scores(self, pair: tuple[int, int], grad: torch.Tensor) -> None:
+        fprop_key, exact, errors = self._fwd_error[pair]
         if grad.shape != exact.shape:
             grad = grad.transpose(-1, -2)
         if grad.shape != exact.shape:
@@ -103,14 +129,28 @@ class Calibration:
         grad = grad.double()
         g2 = (grad / _scale_of(grad)).pow(2)
         denom = (g2 * exact.pow(2)).sum()
-        stats = self.stats[(site, str(MatmulRole.FPROP), 0)]
+        stats = self.stats[fprop_key]
         for c, diff in errors.items():
-            stats[c].loss = _ratio((g2 * diff.pow(2)).sum(), denom)
-        del self._fwd_error[site]
+            stats[c].merge(Stat(stats[c].err, stats[c].bias, _ratio((g2 * diff.pow(2)).sum(), denom), 0, 1))
+        del self._fwd_error[pair]
 
-    def end_step(self) -> None:
-        self.steps += 1
-        self._fwd_error.clear()
+    def merge(self, other: "Calibration") -> None:
+        """Add another calibration's measurements (another rank's) to these."""
+        for key, by_cand in other.stats.items():
+            mine = self.stats.setdefault(key, {})
+            for c, stat in by_cand.items():
+                if c in mine:
+                    mine[c].merge(stat)
+                else:
+                    mine[c] = stat
+        for key, why in other.problems.items():
+            self.problems.setdefault(key, why)
+
+    def end_run(self, graph: int) -> None:
+        """A calibrating run of graph ``graph`` (its backward, or an inference call) has ended: forget
+        its forward errors that no backward scored."""
+        for pair in [p for p in self._fwd_error if p[0] == graph]:
+            del self._fwd_error[pair]
 
 
 def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
@@ -149,9 +189,9 @@ def _blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate, weight_operand: i
 class CalibratingInterpreter(fx.Interpreter):
     """Runs a graph as is, measuring every tagged GEMM on its real operands."""
 
-    def __init__(self, gm: fx.GraphModule, calibration: Calibration, last: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, calibration: Calibration, on_end: Callable[[], None] | None) -> None:
         super().__init__(gm)
-        self.calibration, self.last = calibration, last
+        self.calibration, self.on_end = calibration, on_end
         self.progress: Progress | None = None
 
     def run_node(self, n: fx.Node):
@@ -171,6 +211,6 @@ class CalibratingInterpreter(fx.Interpreter):
         with Progress(console=console, transient=True, disable=not console.is_terminal) as self.progress:
             self.progress.add_task("autoprec: calibrating GEMMs", total=tagged)
             out = super().run(*args, **kwargs)
-        if self.last:
-            self.calibration.end_step()
+        if self.on_end is not None:
+            self.on_end()
         return out

@@ -16,6 +16,7 @@ from autoprec.passes.runner import at_node
 from autoprec.plan import Decision
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 autoprec_ops = torch.ops.autoprec
 
 
@@ -28,34 +29,38 @@ def _add(graph: fx.Graph, target, args: tuple, kwargs: dict, meta: dict, val, ta
 
 
 def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInfo, opts: CompileOptions,
-             meta: dict, tag: dict) -> list[fx.Node]:
+             meta: dict, tag: dict, step: fx.Node) -> list[fx.Node]:
     """Nodes for operand ``which`` (0 = a, blocked along its last dim; 1 = b, along dim -2): the
-    (codes, scales, tensor_scale) of its quantization, or its bf16 values stored (rows, K)."""
+    (codes, scales, tensor_scale) of its quantization, or its bf16 values stored (rows, K). Only ops
+    that survive inductor's decompositions (permute, prims.convert_element_type) are inserted."""
     val = x.meta["val"]
     fake = detect_fake_mode([val])
     tag = {**tag, "operand": "ab"[which]}
     if not get_format(d.fmt).quantized:
         if which == 1:
+            dims = list(range(val.ndim - 2)) + [val.ndim - 1, val.ndim - 2]
             with fake:
-                tval = val.transpose(-1, -2)
-            x = _add(graph, aten.transpose.int, (x, -1, -2), {}, meta, tval, tag)
+                tval = val.permute(dims)
+            x = _add(graph, aten.permute.default, (x, dims), {}, meta, tval, tag)
             val = tval
         with fake:
             cval = val.to(torch.bfloat16)
-        cast = _add(graph, aten._to_copy.default, (x,), {"dtype": torch.bfloat16}, meta, cval, tag)
+        cast = _add(graph, prims.convert_element_type.default, (x, torch.bfloat16), {}, meta, cval, tag)
         return [cast, cast, cast]
     axis, rounding, tile2d = operand_config(d, which, val.ndim, info.grad_operand, info.weight_operand)
-    args = (x, d.fmt, axis, rounding, d.seeds[which], tile2d, opts.mx_scale, d.rht)
+    args = (x, d.fmt, axis, rounding, d.seeds[which], tile2d, opts.mx_scale, d.rht, opts.seed, step)
     with fake:
-        vals = autoprec_ops.quantize.default(val, *args[1:])
+        vals = autoprec_ops.quantize.default(val, *args[1:-1], step.meta["val"])
     q = _add(graph, autoprec_ops.quantize.default, args, {}, meta, vals, tag)
     return [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3)]
 
 
 def rewrite_matmuls(
-    gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions
+    gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions,
+    step: fx.Node,
 ) -> int:
-    """Replace every rewritten decision's node; returns how many were replaced."""
+    """Replace every rewritten decision's node; returns how many were replaced. ``step`` is the graph
+    input carrying the model's call counter (stochastic rounding's step)."""
     graph = gm.graph
     count = 0
     replaced: dict[fx.Node, fx.Node] = {}  # a GEMM's output feeding another GEMM: use the rewritten node
@@ -70,8 +75,8 @@ def rewrite_matmuls(
             info = infos[node]
             tag = {"site": d.site, "role": str(d.role), "format": d.fmt}
             with graph.inserting_before(node):
-                a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag)
-                b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag)
+                a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
+                b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag, step)
                 b_tiled = operand_config(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand)[2]
                 tile_rows = 16 if b_tiled else 1
                 out_dtype = node.meta["val"].dtype

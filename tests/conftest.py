@@ -12,10 +12,10 @@ if not torch.cuda.is_available():
 @pytest.fixture
 def fresh_dynamo():
     """A clean dynamo cache and plan registry around a compiler test."""
-    from autoprec.backend import RECORDS
+    from autoprec.model_plan import STATES
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # graph-break reasons the plan reports
-    RECORDS.clear()
+    STATES.clear()
     yield
     torch._dynamo.reset()

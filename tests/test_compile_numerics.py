@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import autoprec
-from autoprec.backend import RECORDS
+from autoprec.model_plan import STATES
 
 from gpt_model import MLP, TinyGPT, tokens
 from helpers import bits_equal, sqnr_db
@@ -101,7 +101,7 @@ def test_quantized_saved_activations_shrink():
     saved = {}
     for recipe in ("bf16", "mxfp8", "nvfp4"):
         torch._dynamo.reset()
-        RECORDS.clear()
+        STATES.clear()
         m = torch.compile(TinyGPT(), backend="autoprec", options={"recipe": recipe})
         m(*tokens()).backward()
         saved[recipe] = sum(autoprec.plan(m).saved_bytes.values())

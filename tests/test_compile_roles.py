@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import autoprec
-from autoprec.backend import RECORDS
+from autoprec.model_plan import STATES
 
 from gpt_model import MLP, TinyGPT, tokens
 
@@ -82,7 +82,7 @@ def test_dynamic_batch_size():
     wgrad = [d for d in plan.decisions if str(d.role) == "wgrad"]
     assert wgrad and all(d.fmt == "nvfp4" and "s" in d.shape[2] for d in wgrad)  # K = 16·batch, symbolic
     assert all(d.flops_expr.startswith("65536*s") for d in wgrad)  # 2·64·32·(16·s)
-    assert len(RECORDS) == 1  # one graph for every batch size
+    assert all(d.graphs == ("train0",) for d in plan.decisions)  # one graph for every batch size
 
 
 def test_dynamic_odd_reduction_falls_back():
@@ -104,7 +104,7 @@ def test_no_grad_graph_has_fprop_only():
         m(*tokens())
     plan = autoprec.plan(m)
     assert counts(plan) == (13, 0, 0)
-    assert RECORDS[0].kind == "inference" and RECORDS[0].saved_bytes is None
+    assert all(d.graphs == ("infer0",) for d in plan.decisions) and not plan.saved_bytes
 
 
 def test_functional_forms():

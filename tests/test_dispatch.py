@@ -11,6 +11,8 @@ from autoprec.kernels import (
 
 from helpers import bits_equal
 
+STEP = torch.tensor(1)  # the model's call counter, an input of every quantize op
+
 
 def test_mode_selection(monkeypatch):
     cpu = torch.device("cpu")
@@ -77,12 +79,12 @@ def test_scaled_mm_checks_operands():
 
 def test_custom_ops_pass_opcheck():
     x = torch.randn(32, 64)
-    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "nvfp4", 1, "rne", 0, True, "rceil", False))
-    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "mxfp8", 0, "sr", 3, False, "floor", True))
-    c, s, t = torch.ops.autoprec.quantize(x, "nvfp4", 0, "rne", 0, False, "rceil", False)
+    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "nvfp4", 1, "rne", 0, True, "rceil", False, 0, STEP))
+    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "mxfp8", 0, "sr", 3, False, "floor", True, 0, STEP))
+    c, s, t = torch.ops.autoprec.quantize(x, "nvfp4", 0, "rne", 0, False, "rceil", False, 0, STEP)
     torch.library.opcheck(torch.ops.autoprec.dequantize.default, (c, s, t, "nvfp4", 0, [32, 64], 1))
     w = torch.randn(48, 64)
-    wc, ws, wt = torch.ops.autoprec.quantize(w, "nvfp4", 1, "rne", 0, False, "rceil", False)
+    wc, ws, wt = torch.ops.autoprec.quantize(w, "nvfp4", 1, "rne", 0, False, "rceil", False, 0, STEP)
     a = torch.randn(8, 64).bfloat16()  # a bf16 operand: its values as codes, any tensor as scales
     args = (a, a, t, "bf16", wc, ws, wt, "nvfp4", 1, torch.randn(48), torch.float32)
     torch.library.opcheck(torch.ops.autoprec.scaled_mm.default, args)
@@ -90,8 +92,8 @@ def test_custom_ops_pass_opcheck():
 
 def test_ops_trace_under_compile():
     def f(x, w):
-        ac, as_, at = torch.ops.autoprec.quantize(x, "nvfp4", 1, "rne", 0, False, "rceil", False)
-        bc, bs, bt = torch.ops.autoprec.quantize(w, "nvfp4", 1, "rne", 0, True, "rceil", False)
+        ac, as_, at = torch.ops.autoprec.quantize(x, "nvfp4", 1, "rne", 0, False, "rceil", False, 0, STEP)
+        bc, bs, bt = torch.ops.autoprec.quantize(w, "nvfp4", 1, "rne", 0, True, "rceil", False, 0, STEP)
         return torch.ops.autoprec.scaled_mm(ac, as_, at, "nvfp4", bc, bs, bt, "nvfp4", 16, None, torch.float32)
 
     x, w = torch.randn(32, 64), torch.randn(48, 64)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.backend import RECORDS
+from autoprec.model_plan import STATES
 from autoprec.cost import HARDWARE, gemm_seconds
 from autoprec.passes.assign import damage
 from autoprec.passes.calibrate import Stat
@@ -53,7 +53,7 @@ def test_bigger_budget_buys_more_fp4():
     shares, speedups = [], []
     for budget in (0.002, 0.01, 0.05):
         torch._dynamo.reset()
-        RECORDS.clear()
+        STATES.clear()
         c, _ = train_steps(model(), budget=budget)
         plan = autoprec.plan(c)
         assert mean_damage(plan) <= budget
@@ -117,7 +117,7 @@ def test_plan_json_round_trip_and_reload_skips_calibration(tmp_path):
     loaded = Plan.load(path)
     assert [d.to_json() for d in loaded.decisions] == [d.to_json() for d in plan.decisions]
     torch._dynamo.reset()
-    RECORDS.clear()
+    STATES.clear()
     m2 = copy.deepcopy(m)
     c2 = torch.compile(m2, backend="autoprec", options={"plan": str(path)})
     first = c2(idx, tgt)  # already quantized: no high-precision calibration step
@@ -135,7 +135,7 @@ def test_edited_plan_file(tmp_path):
             d["fmt"], d["reason"] = "bf16", "edited by hand"
     path.write_text(json.dumps(data))
     torch._dynamo.reset()
-    RECORDS.clear()
+    STATES.clear()
     c2, _ = train_steps(model(), steps=1, plan=str(path))
     rows = [d for d in autoprec.plan(c2).decisions if d.module == "blocks.0.mlp.fc2"]
     assert rows and all(d.fmt == "bf16" and d.reason == "plan file: edited by hand" for d in rows)

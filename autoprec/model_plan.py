@@ -1,0 +1,265 @@
+"""The model-level plan: one Decision per GEMM key (root-relative module path, role, ordinal), shared by
+every graph of a model — graph-break frames, train / eval, prefill / decode, recompiles — and by every
+rank. It owns the model's calibration (aggregated over graphs, steps and ranks), the call counter
+that seeds stochastic rounding, and the record of which graphs run which GEMM.
+
+A ModelPlan belongs to one root module (the module given to ``torch.compile``) and one set of options.
+The backend finds the root from the parameters a graph receives, so one compiled graph that serves
+several module instances (identical blocks after a graph break) maps each call to its own modules.
+"""
+from __future__ import annotations
+
+import gc
+import re
+import weakref
+from dataclasses import replace
+
+import torch
+
+from autoprec.options import CompileOptions
+from autoprec.passes.assign import Assigner
+from autoprec.passes.calibrate import Calibration
+from autoprec.passes.gemms import GemmKey, GemmSpec
+from autoprec.plan import Decision, Plan
+
+_KNOWN_ROOTS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_SOURCE_PART = re.compile(r"\._(?:modules|parameters|buffers)\['([^']+)'\]|\.([A-Za-z_]\w*)")
+
+
+def _compiled_roots() -> list[torch.nn.Module]:
+    """Modules handed to torch.compile (``torch.compile(m)`` or ``m.compile()``) that are alive now."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    module = torch.nn.Module
+    for obj in gc.get_objects():
+        cls = type(obj)  # not isinstance: it would touch weak proxies and deprecated module stand-ins
+        if issubclass(cls, OptimizedModule):
+            _KNOWN_ROOTS.add(obj._orig_mod)
+        elif issubclass(cls, module) and obj.__dict__.get("_compiled_call_impl") is not None:
+            _KNOWN_ROOTS.add(obj)
+    return list(_KNOWN_ROOTS)
+
+
+def _param_names(root: torch.nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in root.named_parameters(remove_duplicate=False)}
+
+
+def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
+    """The outermost compiled module holding ``params`` (None when there is none, e.g. a compiled
+    function that reads parameters of a module that was never compiled itself)."""
+    if not params:
+        return None
+    ids = {id(p) for p in params}
+
+    def holders(roots):
+        return [r for r in roots if ids & _param_names(r).keys()]
+
+    found = holders(list(_KNOWN_ROOTS)) or holders(_compiled_roots())
+    return max(found, key=lambda r: sum(1 for _ in r.modules())) if found else None
+
+
+def source_path(source: str) -> str | None:
+    """``L['self']._modules['attn']._parameters['weight']`` -> ``attn.weight`` (None if not of that form)."""
+    head = re.match(r"^[LG]\['[^']+'\]", source)
+    if head is None:
+        return None
+    rest, parts = source[head.end():], []
+    while rest:
+        m = _SOURCE_PART.match(rest)
+        if m is None:
+            return None
+        parts.append(m.group(1) or m.group(2))
+        rest = rest[m.end():]
+    return ".".join(parts)
+
+
+def frame_prefix(root: torch.nn.Module | None, params: list[tuple[str | None, object]]) -> str | None:
+    """The root-relative name of a graph's frame module (``blocks.1.`` for a Block frame, ``""`` for the
+    root's), from (source, real parameter) pairs: the parameter's root name minus its frame-relative path."""
+    if root is None:
+        return None
+    names = _param_names(root)
+    for source, p in params:
+        rel = source_path(source) if source else None
+        full = names.get(id(p))
+        if rel and full and full.endswith(rel) and (len(full) == len(rel) or full[-len(rel) - 1] == "."):
+            return full[: len(full) - len(rel)]
+    return None
+
+
+class ModelPlan:
+    """The plan of one model under one set of options (see the module docstring). ``requested`` are the
+    options the user compiled with; ``opts`` may differ by a plan restored with ``load_state_dict``."""
+
+    def __init__(self, root: torch.nn.Module | None, requested: CompileOptions, opts: CompileOptions) -> None:
+        self._root_ref = weakref.ref(root) if root is not None else None
+        self.requested, self.opts = requested, opts
+        self.specs: dict[GemmKey, GemmSpec] = {}
+        self.decisions: dict[GemmKey, Decision] = {}
+        self.graphs: dict[GemmKey, list[str]] = {}  # labels of the graphs each GEMM runs in
+        self.late: dict[GemmKey, str] = {}  # GEMMs first met after the plan was fixed, and where
+        self.saved_bytes: dict[str, int] = {}
+        self.pass_seconds: dict[str, float] = {}
+        self.failures: list[str] = []
+        self.deviations: dict[GemmKey, list[str]] = {}  # graphs where a GEMM's shape forced another format
+        self.param_names: set[str] = set()  # root-relative names of the parameters the graphs received
+        self.weight_names: set[str] = set()  # ... and of those that feed planned GEMMs
+        self.calls = 0  # compiled calls of any graph of the model: the SR step
+        self.n_graphs = 0
+        self._variants: list[weakref.ref] = []
+        auto = opts.recipe == "auto" and opts.plan is None
+        self.calibration = Calibration(opts.mx_scale, opts.seed) if auto else None
+        self.fixed = not auto
+        self.module_names = [n for n, _ in root.named_modules()] if root is not None else None
+        self._assigner = Assigner(opts, self.calibration, self.module_names) if root is not None else None
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self._root_ref() if self._root_ref is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return any(v() is not None for v in self._variants)
+
+    def attach(self, variant: object) -> None:
+        self._variants.append(weakref.ref(variant))
+
+    def new_graph(self, kind: str) -> str:
+        self.n_graphs += 1
+        return f"{kind}{self.n_graphs - 1}"
+
+    def next_step(self) -> int:
+        self.calls += 1
+        return self.calls
+
+    def assigner(self, specs: list[GemmSpec]) -> Assigner:
+        """The assigner; without a root module, checked against the first graph's module paths."""
+        if self._assigner is None:
+            self._assigner = Assigner(self.opts, self.calibration, sorted({s.module for s in specs}))
+        return self._assigner
+
+    def register(self, specs: list[GemmSpec]) -> None:
+        for s in specs:
+            self.specs.setdefault(s.key, s)
+
+    def _add(self, choices: dict, prefix: str = "") -> None:
+        sites = {}
+        for key in self.specs:
+            sites.setdefault(key[0], len(sites))
+        assigner = self._assigner
+        for key, choice in choices.items():
+            if key not in self.decisions:
+                c, reason = choice
+                self.decisions[key] = assigner.decision(self.specs[key], (c, prefix + reason), sites[key[0]])
+
+    def forced(self, specs: list[GemmSpec]) -> dict[GemmKey, Decision]:
+        """Decisions fixed before any measurement (overrides, plan file, matched sampler forward), and
+        those already made for these keys."""
+        self.register(specs)
+        todo = [s for s in specs if s.key not in self.decisions]
+        self._add(self.assigner(specs).choose(todo, only_forced=True))
+        return {s.key: self.decisions[s.key] for s in specs if s.key in self.decisions}
+
+    def fix(self) -> None:
+        """Decide every GEMM seen so far, with the calibration of all graphs (and ranks)."""
+        if self.calibration is not None:
+            reduce_across_ranks(self.calibration)
+        specs = list(self.specs.values())
+        self._add(self.assigner(specs).choose([s for s in specs if s.key not in self.decisions]))
+        self.fixed = True
+
+    def decide(self, specs: list[GemmSpec], graph: str) -> dict[GemmKey, Decision]:
+        """The decision of every GEMM of a graph; one first met after the plan was fixed is decided now,
+        by the same policy, and says so."""
+        self.register(specs)
+        new = [s for s in specs if s.key not in self.decisions]
+        if new:
+            prefix = f"decided after the plan was fixed (first met in {graph}): " if self.calibration else ""
+            for s in new:
+                self.late[s.key] = graph
+            self._add(self.assigner(specs).choose(new), prefix)
+        for s in specs:
+            runs = self.graphs.setdefault(s.key, [])
+            if graph not in runs:
+                runs.append(graph)
+        return {s.key: self.decisions[s.key] for s in specs}
+
+    def deviate(self, key: GemmKey, why: str) -> None:
+        notes = self.deviations.setdefault(key, [])
+        if why not in notes:
+            notes.append(why)
+
+    def to_plan(self) -> Plan:
+        """The user's view: each key once, with the graphs it runs in."""
+        hardware = self.opts.hardware
+        rows = [replace(d, graphs=tuple(self.graphs.get(k, ())),
+                        reason="; ".join([d.reason, *self.deviations.get(k, [])]))
+                for k, d in self.decisions.items()]
+        rows.sort(key=lambda d: d.site)
+        notes = [f"a compiled graph ran as traced, without autoprec's formats: {f}" for f in self.failures]
+        return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware,
+                    pass_seconds=dict(self.pass_seconds), notes=notes)
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls, "plan": self.to_plan().to_json() if self.fixed else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state["calls"])
+
+
+STATES: list[ModelPlan] = []
+_PENDING: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
+    """The live ModelPlan of ``root`` under ``opts`` (a new one if there is none)."""
+    STATES[:] = [s for s in STATES if s.alive or not s._variants]
+    for state in STATES:
+        if root is not None and state.model is root and state.requested == opts:
+            return state
+    requested = opts
+    pending = _PENDING.pop(root, None) if root is not None else None
+    if pending is not None and pending.get("plan") is not None and opts.recipe == "auto" and opts.plan is None:
+        opts = replace(opts, plan=Plan.from_json(pending["plan"], "autoprec.load_state_dict"))
+    state = ModelPlan(root, requested, opts)
+    if pending is not None:
+        state.load_state_dict(pending)
+    STATES.append(state)
+    return state
+
+
+def plans_of(model: torch.nn.Module) -> list[ModelPlan]:
+    """The live plans of a model, the most recent last."""
+    gc.collect()  # graphs dropped by torch._dynamo.reset() (or recompiles) take their plans along
+    STATES[:] = [s for s in STATES if s.alive]
+    return [s for s in STATES if s.model is model]
+
+
+def planned_module_ids() -> set[str]:
+    """Ids of the modules (and their ancestors) whose GEMMs a live plan has decided."""
+    return {mid for st in STATES if st.alive for k in st.decisions for mid in st.specs[k].stack_ids}
+
+
+def planned_weight_ids() -> set[int]:
+    """Ids of the parameters whose GEMMs a live plan has decided."""
+    return {st.specs[k].weight_id for st in STATES if st.alive for k in st.decisions} - {None}
+
+
+def defer_state(model: torch.nn.Module, state: dict) -> None:
+    """Keep a state dict for the plan ``model`` gets at its first compiled call."""
+    _PENDING[model] = state
+
+
+def reduce_across_ranks(calibration: Calibration) -> None:
+    """Under torch.distributed, every rank's measurements are gathered and merged in rank order, so
+    every rank solves the same problem and runs the identical plan."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (calibration.stats, calibration.problems))
+    merged = Calibration(calibration.mx_scale, calibration.rht_seed)
+    for stats, problems in gathered:
+        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, stats, problems))
+    calibration.stats, calibration.problems = merged.stats, merged.problems

@@ -1,0 +1,138 @@
+"""Analysis pass: the GEMMs of one graph as plain data keyed for the model-level plan.
+
+A GEMM's key is (root-relative module path, role, ordinal among that module's GEMMs of the role), so
+every graph of a model (graph-break frames, train / eval, prefill / decode, recompiles) names the same
+GEMM the same way. ``GemmSpec`` holds what planning needs (shapes, cost terms, blocking problems,
+provenance for annotations) without fx nodes; ``GraphGemm`` ties a spec to its node in one graph.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from autoprec.cost import Hardware, gemm_seconds
+from autoprec.formats import FORMATS, get_format
+from autoprec.passes.classify_roles import RoleInfo
+from autoprec.passes.group_sites import Site
+from autoprec.roles import MatmulRole
+
+GemmKey = tuple[str, str, int]  # (root-relative module path, role, ordinal)
+
+
+def _hint(v) -> int:
+    return v if isinstance(v, int) else int(v.node.hint)
+
+
+def _expr(v) -> sympy.Expr:
+    return sympy.Integer(v) if isinstance(v, int) else v.node.expr
+
+
+def key_seeds(seed: int, key: GemmKey) -> tuple[int, int]:
+    """Seeds of a GEMM's two operands: a function of the run's seed and the GEMM's key only, so every
+    graph that runs the GEMM draws the same stream (the SR step is mixed in at run time)."""
+    s = zlib.crc32(f"{seed}|{key[0]}|{key[1]}|{key[2]}".encode()) & 0x3FFFFFFF
+    return 2 * s, 2 * s + 1
+
+
+@dataclass
+class GemmSpec:
+    """One GEMM of the model as planning sees it (the shapes are those of the graph it was first met in)."""
+
+    key: GemmKey
+    role: MatmulRole
+    module_type: str
+    stack_ids: tuple[str, ...]
+    weight_id: int | None
+    frame_params: frozenset[int]
+    weight_shape: tuple[int, ...] | None
+    has_weight: bool
+    sdpa: bool
+    problem: str | None
+    scaled_addmm: bool
+    shape: tuple[str, str, str]
+    batch: str | None
+    dims: tuple[int, int, int, int]
+    flops_expr: str
+    blocking: dict[str, str | None]
+
+    @property
+    def module(self) -> str:
+        return self.key[0]
+
+    def flops(self) -> float:
+        b, m, n, k = self.dims
+        return 2.0 * b * m * n * k
+
+    def seconds(self, fmt: str, hw: Hardware) -> float:
+        b, m, n, k = self.dims
+        return gemm_seconds(self.flops(), float(b * (m * k + k * n)), float(b * m * n), fmt, hw)
+
+    def weight_elems(self) -> int:
+        if not self.has_weight or self.role is not MatmulRole.FPROP:
+            return 0
+        _, _, n, k = self.dims
+        return n * k
+
+    def tile_problem(self) -> str | None:
+        """Why this GEMM's weight cannot take 16x16 NVFP4 tiles (None when it can)."""
+        if not self.has_weight or self.weight_shape is None or len(self.weight_shape) != 2:
+            return f"16x16 tiles need a 2D weight, this one is {self.weight_shape}"
+        if any(s % 16 for s in self.weight_shape):
+            return f"16x16 tiles need both weight dims to be multiples of 16, weight {self.weight_shape}"
+        return None
+
+
+@dataclass
+class GraphGemm:
+    """A GEMM node of one graph with its spec."""
+
+    spec: GemmSpec
+    info: RoleInfo
+    site: Site
+    pair: int  # graph-local id of its site: ties backward GEMMs to their fprop during calibration
+
+
+def blocking_problem(k, fmt_name: str) -> str | None:
+    """Why a GEMM with reduction size ``k`` cannot take ``fmt_name`` blocks (None when it can)."""
+    fmt = get_format(fmt_name)
+    if not fmt.quantized:
+        return None
+    if isinstance(k, int):
+        return f"K={k} is not a multiple of the {fmt.name} block {fmt.block_size}" if k % fmt.block_size else None
+    if not statically_known_true(k % fmt.block_size == 0):
+        return f"K={k} is dynamic and not provably a multiple of the {fmt.name} block {fmt.block_size}"
+    return None
+
+
+def graph_gemms(sites: list[Site], path_of: Callable[[Site], str], weight_ids: dict) -> list[GraphGemm]:
+    """Every GEMM of the sites, keyed by root-relative module path (``path_of(site)``), role and ordinal.
+    ``weight_ids`` maps parameter placeholders to the real parameters' ids."""
+    out = []
+    ordinals: dict[tuple[str, str], int] = {}
+    frame = frozenset(weight_ids.values())
+    for site in sites:
+        path = path_of(site)
+        for info in site.gemms:
+            role = str(info.role)
+            ordinal = ordinals.get((path, role), 0)
+            ordinals[(path, role)] = ordinal + 1
+            mm = info.mm
+            batch = sympy.Integer(1) if mm.batch is None else _expr(mm.batch)
+            w = site.weight
+            spec = GemmSpec(
+                key=(path, role, ordinal), role=info.role, module_type=site.module_type, stack_ids=site.stack_ids,
+                weight_id=weight_ids.get(w), frame_params=frame,
+                weight_shape=None if w is None else tuple(_hint(v) for v in w.meta["val"].shape),
+                has_weight=info.weight_operand is not None, sdpa=site.sdpa, problem=site.problem,
+                scaled_addmm=mm.node.target.__name__.startswith("addmm") and mm.bias is None,
+                shape=(str(mm.m), str(mm.n), str(mm.k)), batch=None if mm.batch is None else str(mm.batch),
+                dims=(1 if mm.batch is None else _hint(mm.batch), _hint(mm.m), _hint(mm.n), _hint(mm.k)),
+                flops_expr=str(sympy.expand(2 * batch * _expr(mm.m) * _expr(mm.n) * _expr(mm.k))),
+                blocking={f: blocking_problem(mm.k, f) for f, fmt in FORMATS.items() if fmt.quantized},
+            )
+            out.append(GraphGemm(spec, info, site, site.index))
+    return out
