@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 import torch.fx as fx
@@ -80,16 +80,22 @@ class _Variant:
             return False
         return True
 
-    def __call__(self, *args):
-        step = torch.tensor(self.state.next_step(), dtype=torch.int64)
+    def compiled(self) -> Callable:
+        """The function for the next call: calibrating while the model's plan is open, else planned
+        (compiled on first need; the backend compiles the first one at dynamo's compile time, which
+        dynamic shapes need: AOTAutograd may ask dynamo to restart its analysis)."""
         if self._calibrating():
             if self.calibrating_fn is None:
                 self.calibrating_fn = self._aot(self._partition_calibrate, self._interpreter,
                                                 self._inference_calibrate)
-            return self.calibrating_fn(*args, step)
+            return self.calibrating_fn
         if self.fn is None:
             self.fn = self._aot(self._partition, self._inner_compiler(), self._inference)
-        return self.fn(*args, step)
+        return self.fn
+
+    def __call__(self, *args):
+        step = torch.tensor(self.state.next_step(), dtype=torch.int64)
+        return self.compiled()(*args, step)
 
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
         """AOTAutograd on dynamo's fake example inputs, inside dynamo's tracing context, so symbolic
@@ -108,11 +114,20 @@ class _Variant:
         return select_decomp_table()
 
     def _inner_compiler(self) -> Callable:
-        if self.opts.inner == "inductor":
-            from torch._inductor.compile_fx import compile_fx_inner
+        if self.opts.inner != "inductor":
+            return lambda g, example_inputs: make_boxed_func(g)
+        from torch._inductor import config, list_mode_options
+        from torch._inductor.compile_fx import compile_fx_inner
 
+        if self.opts.mode is None:
             return compile_fx_inner
-        return lambda g, example_inputs: make_boxed_func(g)
+        patches = list_mode_options(self.opts.mode)
+
+        def compile_in_mode(g: fx.GraphModule, example_inputs):
+            with config.patch(patches):
+                return compile_fx_inner(g, example_inputs)
+
+        return compile_in_mode
 
     def _end_run(self) -> None:
         self.cal_runs += 1
@@ -263,6 +278,7 @@ class CompiledGraph:
         inputs = fakes if all(f is not None for f in fakes) else list(example_inputs)
         self.gm, self.example_inputs = _with_step_input(gm, inputs)
         self.variants: dict[tuple[int, ...], _Variant] = {}
+        self._variant(list(example_inputs)).compiled()
 
     def _variant(self, args: list) -> _Variant:
         key = tuple(id(a) for a in args if isinstance(a, torch.nn.Parameter))
@@ -280,6 +296,15 @@ def _source_name(node: fx.Node) -> str | None:
     return source.name if source is not None and isinstance(getattr(source, "name", None), str) else None
 
 
-def autoprec_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None) -> Callable:
-    """torch.compile backend entry point (``backend="autoprec"``)."""
-    return CompiledGraph(gm, parse_options(options), example_inputs)
+def autoprec_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None,
+                     mode: str | None = None) -> Callable:
+    """torch.compile backend entry point (``backend="autoprec"``). torch.compile's ``mode`` selects the
+    inductor inner compiler with that mode's settings (the plan's summary says so)."""
+    opts = parse_options(options)
+    if mode is not None:
+        opts = parse_options({**_as_dict(opts), "inner": "inductor", "mode": mode})
+    return CompiledGraph(gm, opts, example_inputs)
+
+
+def _as_dict(opts: CompileOptions) -> dict:
+    return {f.name: getattr(opts, f.name) for f in fields(opts)}

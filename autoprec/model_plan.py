@@ -97,7 +97,6 @@ class ModelPlan:
         self.specs: dict[GemmKey, GemmSpec] = {}
         self.decisions: dict[GemmKey, Decision] = {}
         self.graphs: dict[GemmKey, list[str]] = {}  # labels of the graphs each GEMM runs in
-        self.late: dict[GemmKey, str] = {}  # GEMMs first met after the plan was fixed, and where
         self.saved_bytes: dict[str, int] = {}
         self.pass_seconds: dict[str, float] = {}
         self.failures: list[str] = []
@@ -175,8 +174,6 @@ class ModelPlan:
         new = [s for s in specs if s.key not in self.decisions]
         if new:
             prefix = f"decided after the plan was fixed (first met in {graph}): " if self.calibration else ""
-            for s in new:
-                self.late[s.key] = graph
             self._add(self.assigner(specs).choose(new), prefix)
         for s in specs:
             runs = self.graphs.setdefault(s.key, [])
@@ -197,6 +194,8 @@ class ModelPlan:
                 for k, d in self.decisions.items()]
         rows.sort(key=lambda d: d.site)
         notes = [f"a compiled graph ran as traced, without autoprec's formats: {f}" for f in self.failures]
+        if self.opts.mode is not None:
+            notes.append(f"torch.compile mode={self.opts.mode!r}: inner compiler inductor with that mode's settings")
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware,
                     pass_seconds=dict(self.pass_seconds), notes=notes)
 

@@ -31,6 +31,7 @@ class CompileOptions:
     overrides: ``{"glob over module names": fmt or {role: fmt}}``; wins over the solver.
     plan: a Plan or a saved plan's path: use its decisions, skip calibration.
     inner: ``aot_eager`` (GraphModules) or ``inductor``.  seed: SR bits and RHT signs.
+    mode: torch.compile's mode for the inductor inner compiler (``max-autotune-no-cudagraphs``, ...).
     mx_scale: E8M0 rule for MXFP8, ``rceil`` or ``floor``.
     """
 
@@ -46,6 +47,7 @@ class CompileOptions:
     inner: str = "aot_eager"
     seed: int = 0
     mx_scale: str = "rceil"
+    mode: str | None = None
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
@@ -68,6 +70,15 @@ class CompileOptions:
             if not (math.isfinite(self.target_speedup) and self.target_speedup > 0):
                 raise ValueError(f"autoprec option target_speedup must be a finite number > 0, "
                                  f"got {self.target_speedup}")
+        if self.mode is not None:
+            from torch._inductor import list_mode_options
+
+            modes = tuple(list_mode_options())
+            _need("mode", self.mode, isinstance(self.mode, str), "a string or None")
+            if self.mode not in modes:
+                raise ValueError(f"autoprec option mode={self.mode!r} is not valid; choose from {', '.join(modes)}")
+            if self.inner != "inductor":
+                raise ValueError(f"autoprec option mode={self.mode!r} needs inner='inductor'")
         _need("overrides", self.overrides, isinstance(self.overrides, dict), "a dict")
         if (self.phase == "rl_trainer") != (self.match is not None):
             raise ValueError(
