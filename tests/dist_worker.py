@@ -1,0 +1,43 @@
+"""A 2-rank training run on CPU (gloo) for the distributed tests: DDP or FSDP2, recipe auto, each rank
+on its own data. Each rank saves its plan rows, its plan's eager list and its final parameters."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from gpt_model import TinyGPT, tokens
+
+
+def worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import autoprec
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16)
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        if mode == "fsdp_blocks":
+            for block in model.blocks:
+                fully_shard(block)
+        wrapped = fully_shard(model)
+    compiled = torch.compile(wrapped, backend="autoprec")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        compiled(*tokens(batch=4, ctx=16, vocab=64, seed=10 * rank + step)).backward()
+        opt.step()
+    plan = autoprec.plan(compiled)
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
+    rows = [(d.key, d.fmt, d.rounding, d.rht, d.tile2d, d.err) for d in plan.decisions]
+    torch.save({"rows": rows, "params": params, "eager": plan.not_compiled, "notes": plan.notes},
+               f"{out}/{mode}{rank}.pt")
+    dist.destroy_process_group()

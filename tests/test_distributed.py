@@ -1,0 +1,42 @@
+"""Two CPU ranks (gloo) train with recipe auto on different data: calibration is merged across ranks,
+so both run the identical plan and end with identical parameters, under DDP and FSDP2."""
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from dist_worker import worker
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(mode: str, tmp_path) -> tuple[dict, dict]:
+    mp.spawn(worker, args=(2, free_port(), mode, str(tmp_path)), nprocs=2)
+    return torch.load(tmp_path / f"{mode}0.pt"), torch.load(tmp_path / f"{mode}1.pt")
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_ranks_run_one_plan(mode, tmp_path):
+    a, b = run(mode, tmp_path)
+    assert len(a["rows"]) == 39 and a["rows"] == b["rows"]  # the merged measurements, bit for bit
+    assert {r[1] for r in a["rows"]} >= {"nvfp4"}
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    prefix = "module." if mode == "ddp" else ""
+    assert (f"{prefix}lm_head", "fprop", 0) in [r[0] for r in a["rows"]]  # the root frame is compiled
+    assert a["eager"] == []
+
+
+def test_fsdp_per_block_sharding(tmp_path):
+    """FSDP2 hooks on every block make dynamo skip the root frame: the blocks are planned (found by module
+    path while their parameters are unsharded), and the plan names the root's modules as eager, with why."""
+    a, b = run("fsdp_blocks", tmp_path)
+    assert a["rows"] == b["rows"] and len(a["rows"]) == 36
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    assert a["eager"] == ["wte", "wpe", "lm_head"] and any("frame skipped" in n for n in a["notes"])
