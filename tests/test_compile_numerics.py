@@ -115,13 +115,21 @@ def test_gpt_bf16_loss_close_to_fp32_eager():
     assert abs(loss.item() - model(idx, tgt).item()) < 2e-2
 
 
-def test_inductor_inner_matches_graph_modules():
-    torch.manual_seed(0)
-    m, x = MLP(), torch.randn(2, 16, 32)
-    want = torch.compile(m, backend="autoprec", options={"recipe": "mxfp8"})(x)
-    torch._dynamo.reset()
-    got = torch.compile(m, backend="autoprec", options={"recipe": "mxfp8", "inner": "inductor"})(x)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "auto"])
+def test_inductor_inner_matches_graph_modules(recipe):
+    """Every recipe runs under inductor (its decompositions included) with the numerics of the GraphModules."""
+    results = []
+    for inner in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m, x = MLP(), torch.randn(2, 16, 32, requires_grad=True)
+        c = torch.compile(m, backend="autoprec", options={"recipe": recipe, "inner": inner})
+        for _ in range(2):  # auto: calibration, then the plan
+            y = c(x)
+            y.pow(2).mean().backward()
+        results.append((y.detach(), x.grad, m.fc1.weight.grad))
+    for want, got in zip(*results):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_stochastic_rounding_draws_fresh_bits_each_step():

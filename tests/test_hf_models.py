@@ -1,0 +1,46 @@
+"""Hugging Face transformers models built from tiny configs (no downloads): overrides and plan files by
+root-relative module path, dynamic shapes."""
+import pytest
+import torch
+
+import autoprec
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def steps(c, batches=(2, 2)) -> None:
+    for b in batches:
+        ids = torch.randint(0, 128, (b, 16), generator=torch.Generator().manual_seed(b))
+        c(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_gpt2_overrides_and_plan_file_by_module_path(tmp_path):
+    c = torch.compile(gpt2(), backend="autoprec", options={"recipe": "nvfp4", "overrides": {"lm_head": "bf16"}})
+    steps(c)
+    plan = autoprec.plan(c)
+    head = [d for d in plan.decisions if d.module == "lm_head"]
+    assert len(head) == 3 and all(d.fmt == "bf16" for d in head)
+    assert ("transformer.h.1.mlp.c_fc", "fprop", 0) in [d.key for d in plan.decisions]
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    torch._dynamo.reset()
+    c2 = torch.compile(gpt2(), backend="autoprec", options={"plan": str(path)})
+    steps(c2)
+    again = autoprec.plan(c2)
+    assert [(d.key, d.fmt) for d in again.decisions] == [(d.key, d.fmt) for d in plan.decisions]
+
+
+def test_gpt2_dynamic_shapes():
+    c = torch.compile(gpt2(), backend="autoprec", dynamic=True, options={"recipe": "mxfp8"})
+    steps(c, batches=(2, 3, 4))
+    plan = autoprec.plan(c)
+    assert plan.flop_share().get("mxfp8", 0) > 0.5 and len({d.key for d in plan.decisions}) == len(plan.decisions)
