@@ -178,3 +178,33 @@ def test_dynamic_and_mode(how):
     assert "nvfp4" in plan.flop_share()
     if how == "mode":
         assert any("mode='max-autotune-no-cudagraphs'" in n for n in plan.notes)
+
+
+class WithEvalHead(torch.nn.Module):
+    """A model whose eval path runs a GEMM that training never does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.probe = torch.nn.Linear(32, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        y = self.body(x)
+        return y if self.training else self.probe(y)
+
+
+def test_gemm_first_met_after_the_plan_is_fixed_is_decided_once_and_says_so():
+    m = WithEvalHead()
+    c = torch.compile(m, backend="autoprec")
+    x = torch.randn(16, 32)
+    for _ in range(2):
+        c(x).sum().backward()
+    m.eval()
+    with torch.no_grad():
+        for _ in range(2):
+            c(x)
+    rows = {d.key: d for d in autoprec.plan(c).decisions}
+    probe = rows["probe", "fprop", 0]
+    assert "decided after the plan was fixed (first met in infer" in probe.reason and probe.fmt == "bf16"
+    assert "no calibration data" in probe.reason
+    assert not any("after the plan" in d.reason for k, d in rows.items() if k[0] == "body")
+    assert len(rows) == len(autoprec.plan(c).decisions)
