@@ -10,7 +10,8 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 def mlp(act: bool = True, bias: bool = True) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 64, bias=bias), nn.GELU() if act else nn.Identity(), nn.Linear(64, 32, bias=bias))
+    act_fn = nn.GELU() if act else nn.Identity()
+    return nn.Sequential(nn.Linear(64, 64, bias=bias), act_fn, nn.Linear(64, 32, bias=bias))
 
 
 def run(model: nn.Module, x: torch.Tensor, steps: int = 2, **options) -> autoprec.Plan:
@@ -41,7 +42,8 @@ def test_non_finite_calibration_gives_bf16_with_reason(where, bad):
 
 
 def nvfp4_errors(scale: float) -> dict:
-    plan = run(mlp(act=False, bias=False), data(scale), budget=1e9)  # only the scale changes; every GEMM takes the fastest format: NVFP4
+    # linear and bias-free, so only the scale changes; a huge budget: every GEMM takes NVFP4
+    plan = run(mlp(act=False, bias=False), data(scale), budget=1e9)
     assert all(d.fmt == "nvfp4" for d in plan.decisions)
     return {d.key: d.err for d in plan.decisions}
 

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 import autoprec
-from autoprec.model_plan import STATES
 
 from gpt_model import MLP, TinyGPT, tokens
 

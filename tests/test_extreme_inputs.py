@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
-from autoprec.kernels import dispatch
+from autoprec.kernels import dequantize_ref, dispatch, qmm_ref, quantize_ref
 
 from helpers import bits_equal
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.model_plan import STATES
 from autoprec.cost import HARDWARE, gemm_seconds
+from autoprec.model_plan import STATES
 from autoprec.passes.assign import damage
 from autoprec.passes.calibrate import Stat
 from autoprec.plan import COLUMNS, Plan
