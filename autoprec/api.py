@@ -35,6 +35,15 @@ def plan(model: torch.nn.Module) -> Plan:
         if (isinstance(m, torch.nn.Linear) and _full(name, "weight") not in weights)
         or any(p.ndim >= 2 and _full(name, pn) not in seen for pn, p in m.named_parameters(recurse=False))
     ]
+    eager = set(result.not_compiled)
+    unsupported = state.unplanned_params if state is not None else {}
+    result.unplanned_params = [
+        (_full(name, pn), f"op not supported: {unsupported[_full(name, pn)]}" if _full(name, pn) in unsupported
+         else "not a matmul (e.g. an embedding table)")
+        for name, m in root.named_modules() if name not in eager
+        for pn, p in m.named_parameters(recurse=False)
+        if p.ndim >= 2 and _full(name, pn) in seen and _full(name, pn) not in weights
+    ]
     if result.not_compiled and reasons:
         result.notes += [f"dynamo ran code eagerly: {r}" for r in reasons]
     result.notes += _annotation_notes(root)

@@ -35,6 +35,7 @@ from autoprec.passes.group_sites import Site, group_sites
 from autoprec.passes.rewrite import rewrite_matmuls
 from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
+from autoprec.passes.unplanned import find_unplanned
 from autoprec.plan import Decision
 from autoprec.roles import MatmulRole
 
@@ -139,11 +140,14 @@ class _Variant:
         return make_boxed_func(lambda *a: CalibratingInterpreter(gm, calibration, on_end).run(*a))
 
     def _path(self, site: Site) -> str:
-        """Root-relative module path of a site: the frame's prefix + its frame-relative path, or (for a
-        frame without parameters) the name of the module it was traced in."""
+        return self._root_path(site.module_id, site.module_path)
+
+    def _root_path(self, module_id: str | None, frame_path: str) -> str:
+        """Root-relative module path: the frame's prefix + the frame-relative path, or (for a frame
+        without parameters) the name of the module the node was traced in."""
         if self.prefix is not None:
-            return (self.prefix + site.module_path).rstrip(".")
-        return self.module_names.get(site.module_id, site.module_path) if site.module_id else site.module_path
+            return (self.prefix + frame_path).rstrip(".")
+        return self.module_names.get(module_id, frame_path) if module_id else frame_path
 
     def _gemms(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner) -> list[GraphGemm]:
         params = self._param_placeholders(gm)
@@ -224,6 +228,11 @@ class _Variant:
         gemms, decisions = decided
         for g in gemms:
             self.state.weight_names.update(self.param_names.get(g.spec.weight_id, ()))
+        params = dict(self._param_placeholders(gm))
+        ids = {n: id(self.flat[i]) for i, n in params.items()}
+        for op in runner.run("find_unplanned", find_unplanned, gm.graph, set(ids)):
+            names = [n for p in op.params for n in self.param_names.get(ids[p], ())]
+            self.state.note_unplanned(self.label, self._root_path(op.module_id, op.module_path), op.op, op.flops, names)
         self._rewrite(gm, num_fwd_outputs, gemms, decisions, runner)
 
     def _param_placeholders(self, gm: fx.GraphModule) -> list[tuple[int, fx.Node]]:

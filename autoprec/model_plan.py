@@ -103,6 +103,9 @@ class ModelPlan:
         self.deviations: dict[GemmKey, list[str]] = {}  # graphs where a GEMM's shape forced another format
         self.param_names: set[str] = set()  # root-relative names of the parameters the graphs received
         self.weight_names: set[str] = set()  # ... and of those that feed planned GEMMs
+        self.unplanned: dict[tuple[str, str, int], float | None] = {}  # matmul-like ops left as they are
+        self.unplanned_params: dict[str, str] = {}  # parameter name -> the unplanned op that reads it
+        self._unplanned_seen: dict[str, dict[tuple[str, str], int]] = {}
         self.calls = 0  # compiled calls of any graph of the model: the SR step
         self.n_graphs = 0
         self._variants: list[weakref.ref] = []
@@ -181,6 +184,15 @@ class ModelPlan:
                 runs.append(graph)
         return {s.key: self.decisions[s.key] for s in specs}
 
+    def note_unplanned(self, graph: str, module: str, op: str, flops: float | None, params: list[str]) -> None:
+        """A matmul-like op autoprec does not rewrite: counted once per (module, op, ordinal), as GEMMs are."""
+        seen = self._unplanned_seen.setdefault(graph, {})
+        ordinal = seen.get((module, op), 0)
+        seen[(module, op)] = ordinal + 1
+        self.unplanned.setdefault((module, op, ordinal), flops)
+        for name in params:
+            self.unplanned_params.setdefault(name, op)
+
     def deviate(self, key: GemmKey, why: str) -> None:
         notes = self.deviations.setdefault(key, [])
         if why not in notes:
@@ -197,7 +209,8 @@ class ModelPlan:
         if self.opts.mode is not None:
             notes.append(f"torch.compile mode={self.opts.mode!r}: inner compiler inductor with that mode's settings")
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware,
-                    pass_seconds=dict(self.pass_seconds), notes=notes)
+                    pass_seconds=dict(self.pass_seconds), notes=notes,
+                    unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()])
 
     def state_dict(self) -> dict:
         return {"calls": self.calls, "plan": self.to_plan().to_json() if self.fixed else None}

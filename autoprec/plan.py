@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from autoprec.cost import HARDWARE
+from autoprec.cost import HARDWARE, get_hardware
 from autoprec.formats import FORMATS, get_format
 from autoprec.roles import MatmulRole
 
@@ -146,6 +146,8 @@ class Plan:
     saved_bytes: dict[str, int] = field(default_factory=dict)
     not_compiled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what else the user should know: eager code, ignored annotations
+    unplanned_ops: list[tuple[str, str, float | None]] = field(default_factory=list)  # (module, op, FLOPs)
+    unplanned_params: list[tuple[str, str]] = field(default_factory=list)  # (parameter, why no GEMM reads it)
     hardware: str = "gb300"
     pass_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -164,16 +166,22 @@ class Plan:
         return counts
 
     def flop_share(self) -> dict[str, float]:
-        total = sum(d.flops for d in self.decisions) or 1.0
-        share: dict[str, float] = {}
+        """Share of the GEMM FLOPs seen per format, matmul-like ops autoprec left as traced counted as
+        ``not planned`` (where their shapes tell their FLOPs)."""
+        unplanned = sum(f for _, _, f in self.unplanned_ops if f is not None)
+        total = (sum(d.flops for d in self.decisions) + unplanned) or 1.0
+        share: dict[str, float] = {"not planned": unplanned / total} if unplanned else {}
         for d in self.decisions:
             share[d.fmt] = share.get(d.fmt, 0.0) + d.flops / total
         return share
 
     def projected_speedup(self) -> float:
-        """GEMM time of the all-BF16 plan over this plan's, on the cost model's hardware."""
-        mine = sum(d.seconds for d in self.decisions)
-        return sum(d.bf16_seconds for d in self.decisions) / mine if mine else 1.0
+        """GEMM time of the all-BF16 plan over this plan's, on the cost model's hardware; matmul-like ops
+        left as traced count at BF16 speed on both sides."""
+        unplanned = sum(f for _, _, f in self.unplanned_ops if f is not None)
+        rest = unplanned / (get_hardware(self.hardware).pflops("bf16") * 1e15)
+        mine = sum(d.seconds for d in self.decisions) + rest
+        return (sum(d.bf16_seconds for d in self.decisions) + rest) / mine if mine else 1.0
 
     def weight_bytes(self) -> tuple[float, float]:
         """Bytes of the weights as their fprop GEMMs read them, and the same in BF16."""
@@ -188,6 +196,12 @@ class Plan:
                 f"{self.projected_speedup():.2f}x; weights {wq / 1e6:.3f} MB (BF16 {wb / 1e6:.3f} MB)")
         if self.saved_bytes:
             text += f"; saved for backward {sum(self.saved_bytes.values()) / 1e6:.3f} MB"
+        if self.unplanned_ops:
+            ops = ", ".join(sorted({op for _, op, _ in self.unplanned_ops}))
+            text += (f"\nnot planned: {len(self.unplanned_ops)} matmul-like ops autoprec does not rewrite ({ops}) "
+                     f"run as traced, in their input dtype")
+            if any(f is None for _, _, f in self.unplanned_ops):
+                text += "; the FLOPs of some are unknown and not in the shares above"
         return text
 
     def __str__(self) -> str:
@@ -202,6 +216,9 @@ class Plan:
         lines = [console.export_text().rstrip(), self.summary()]
         if self.not_compiled:
             lines.append("ran outside autoprec (eager, e.g. after a graph break): " + ", ".join(self.not_compiled))
+        if self.unplanned_params:
+            lines.append("parameters no planned GEMM reads: "
+                         + ", ".join(f"{name} ({why})" for name, why in self.unplanned_params))
         lines += self.notes
         if self.pass_seconds:
             lines.append("pass times: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.pass_seconds.items()))

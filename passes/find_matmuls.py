@@ -39,7 +39,7 @@ def _stack(node: fx.Node) -> dict:
     return node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
 
 
-def _module_entry(node: fx.Node) -> tuple[str | None, str, str]:
+def module_entry(node: fx.Node) -> tuple[str | None, str, str]:
     """(id, frame-relative path, class name) of the innermost nn.Module the node came from."""
     stack = _stack(node)
     if not stack:
@@ -82,7 +82,7 @@ def _plain_matmuls(graph: fx.Graph) -> list[MatmulNode]:
         else:
             (a, b), bias = node.args[:2], None
         av, bv = a.meta["val"], b.meta["val"]
-        mid, path, cls = _module_entry(node)
+        mid, path, cls = module_entry(node)
         found.append(MatmulNode(
             node, a, b, bias, av.shape[-2], bv.shape[-1], av.shape[-1],
             av.shape[0] if kind == "bmm" else None, mid, path, cls, node.meta.get("seq_nr"), _from_sdpa(node),
@@ -100,7 +100,7 @@ def find_fused_sdpa(graph: fx.Graph) -> list[MatmulNode]:
             continue
         q, k = node.args[:2] if "backward" not in str(node.target) else node.args[1:3]
         qv, kv = q.meta["val"], k.meta["val"]
-        mid, path, cls = _module_entry(node)
+        mid, path, cls = module_entry(node)
         batch = qv.shape[0] * qv.shape[1] if qv.ndim == 4 else qv.shape[0]
         found.append(MatmulNode(node, q, k, None, qv.shape[-2], kv.shape[-2], qv.shape[-1], batch,
                                 mid, path, cls, node.meta.get("seq_nr"), True, tuple(_stack(node))))
