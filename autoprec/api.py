@@ -36,10 +36,8 @@ def plan(model: torch.nn.Module) -> Plan:
         or any(p.ndim >= 2 and _full(name, pn) not in seen for pn, p in m.named_parameters(recurse=False))
     ]
     eager = set(result.not_compiled)
-    unsupported = state.unplanned_params if state is not None else {}
     result.unplanned_params = [
-        (_full(name, pn), f"op not supported: {unsupported[_full(name, pn)]}" if _full(name, pn) in unsupported
-         else "not a matmul (e.g. an embedding table)")
+        (_full(name, pn), _why_unplanned(state, _full(name, pn)))
         for name, m in root.named_modules() if name not in eager
         for pn, p in m.named_parameters(recurse=False)
         if p.ndim >= 2 and _full(name, pn) in seen and _full(name, pn) not in weights
@@ -48,6 +46,15 @@ def plan(model: torch.nn.Module) -> Plan:
         result.notes += [f"dynamo ran code eagerly: {r}" for r in reasons]
     result.notes += _annotation_notes(root)
     return result
+
+
+def _why_unplanned(state, name: str) -> str:
+    """Why a parameter a compiled graph received feeds no planned GEMM as its weight."""
+    if name in state.unplanned_params:
+        return f"op not supported: {state.unplanned_params[name]}"
+    if name in state.gathered_names:
+        return "read through an index (gathered expert weights): its products are planned, but not as a weight"
+    return "not a matmul (e.g. an embedding table)"
 
 
 def _full(module: str, param: str) -> str:

@@ -35,7 +35,7 @@ from autoprec.passes.group_sites import Site, group_sites
 from autoprec.passes.rewrite import rewrite_matmuls
 from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
-from autoprec.passes.unplanned import find_unplanned
+from autoprec.passes.unplanned import find_unplanned, gathered_source
 from autoprec.plan import Decision
 from autoprec.roles import MatmulRole
 
@@ -230,6 +230,11 @@ class _Variant:
             self.state.weight_names.update(self.param_names.get(g.spec.weight_id, ()))
         params = dict(self._param_placeholders(gm))
         ids = {n: id(self.flat[i]) for i, n in params.items()}
+        for g in gemms:
+            for operand in (g.info.mm.a, g.info.mm.b):
+                src = gathered_source(operand)
+                if src in ids:
+                    self.state.gathered_names.update(self.param_names.get(ids[src], ()))
         for op in runner.run("find_unplanned", find_unplanned, gm.graph, set(ids)):
             names = [n for p in op.params for n in self.param_names.get(ids[p], ())]
             self.state.note_unplanned(self.label, self._root_path(op.module_id, op.module_path), op.op, op.flops, names)

@@ -105,6 +105,7 @@ class ModelPlan:
         self.weight_names: set[str] = set()  # ... and of those that feed planned GEMMs
         self.unplanned: dict[tuple[str, str, int], float | None] = {}  # matmul-like ops left as they are
         self.unplanned_params: dict[str, str] = {}  # parameter name -> the unplanned op that reads it
+        self.gathered_names: set[str] = set()  # parameters planned GEMMs read through an index (expert weights)
         self._unplanned_seen: dict[str, dict[tuple[str, str], int]] = {}
         self.calls = 0  # compiled calls of any graph of the model: the SR step
         self.n_graphs = 0

@@ -20,6 +20,7 @@ MATMUL_LIKE = {
 }
 OWN_NAMESPACES = ("aten", "prims", "autoprec")
 CUSTOM_MATMUL_NAME = re.compile(r"mm|matmul|gemm|linear")
+GATHER_OPS = {aten.index.Tensor, aten.index_select.default, aten.gather.default}
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,16 @@ def _flops(node: fx.Node) -> float | None:
         return 2.0 * float(out.numel()) * float(a[-1])
     except (TypeError, ValueError):  # symbolic sizes without a hint
         return None
+
+
+def gathered_source(operand: fx.Node) -> fx.Node | None:
+    """The stack of expert weights (3D or more) a GEMM operand gathers from (``w[expert_ids]``, through
+    views), or None; a 2D table looked up by index is an embedding, not an expert stack."""
+    src = view_source(operand)
+    if src.op != "call_function" or src.target not in GATHER_OPS or not isinstance(src.args[0], fx.Node):
+        return None
+    table = view_source(src.args[0])
+    return table if len(_shape(table) or ()) >= 3 else None
 
 
 def find_unplanned(graph: fx.Graph, params: set[fx.Node]) -> list[UnplannedOp]:

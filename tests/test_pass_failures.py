@@ -32,6 +32,8 @@ def test_wgrad_of_a_gathered_weight_runs_bf16_with_reason():
     rows = [d for d in autoprec.plan(c).decisions if "gathered weight" in d.reason]
     assert len(rows) == 1 and str(rows[0].role) == "wgrad" and rows[0].fmt == "bf16"
     assert {d.fmt for d in autoprec.plan(c).decisions if d.module == "router"} == {"nvfp4"}
+    assert autoprec.plan(c).unplanned_params == [("w", "read through an index (gathered expert weights): its "
+                                                        "products are planned, but not as a weight")]
 
 
 def test_failing_pass_leaves_the_graph_as_traced(monkeypatch):
