@@ -71,8 +71,9 @@ def state_dict(model: torch.nn.Module) -> dict:
 
 
 def load_state_dict(model: torch.nn.Module, state: dict) -> None:
-    """Restore :func:`state_dict` into a model: now if it is compiled and has run, otherwise at its first
-    compiled call (call it after loading the weights, before training resumes)."""
+    """Restore :func:`state_dict` into a model: call it after loading the weights and before the first
+    compiled call, which then takes the counter and (for recipe ``auto``) the saved plan. On a model that
+    has already run, only the counter is restored: its plan is fixed already."""
     if not isinstance(state, dict) or not isinstance(state.get("calls"), int) or "plan" not in state:
         raise ValueError("autoprec.load_state_dict: expected the dict autoprec.state_dict returned, with fields "
                          "'calls' (int) and 'plan'")
