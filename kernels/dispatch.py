@@ -1,5 +1,10 @@
 """The one place that picks an implementation: Triton on CUDA, the reference on CPU.
 
+The block-scaled matmul on Triton runs on tensor cores (tiles decoded to bf16 in registers, a bf16
+``tl.dot``: ``wgmma`` on sm_90, ``tcgen05`` on sm_100) whenever the decode is exact, else the fp32
+kernel (MXFP8 scale exponents at the edge of bf16's range). Blackwell's native block-scaled MMA
+(``scaled_mm`` with swizzled scales, ``tl.dot_scaled``) is not used yet.
+
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor (bit-identical, faster CPU emulation),
 ``auto`` (or unset) chooses by device. A forced Triton run that a kernel does not support
@@ -113,9 +118,12 @@ def scaled_mm(
     if bias is not None and bias.shape != (ob.rows,):
         raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
     if _use_triton(oa.codes.device, scaled_mm_supports(oa, ob, out_dtype)):
+        from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem, scaled_mm_tc_triton
         from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
-        return scaled_mm_triton(oa, ob, bias, out_dtype)
+        if exact_decode_problem(oa) or exact_decode_problem(ob):
+            return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
+        return scaled_mm_tc_triton(oa, ob, bias, out_dtype)
     return _reference_scaled_mm(a, b, bias, out_dtype)
 
 

@@ -45,3 +45,13 @@ def as_operand(x: QuantizedTensor | torch.Tensor, k_axis: int, name: str) -> Ope
         raise TypeError(f"scaled_mm: operand {name} must be a QuantizedTensor or a 2D bfloat16 tensor")
     stored = (x if k_axis == 1 else x.t()).contiguous()
     return Operand(BF16, stored, None, None, stored.shape[0], stored.shape[1])
+
+
+def kernel_args(op: Operand) -> tuple[list[torch.Tensor], list]:
+    """Pointers and constexprs (kind, element bits, bias, Inf) describing one operand to the Triton matmuls."""
+    elem = op.fmt.elem
+    if op.kind == KIND_BF16:
+        return [op.codes, op.codes, op.codes], [KIND_BF16, 0, 0, 0, False]
+    ts = op.tensor_scale if op.tensor_scale is not None else op.codes
+    ptrs = [op.codes.view(torch.uint8), op.scales.view(torch.uint8), ts]
+    return ptrs, [op.kind, elem.ebits, elem.mbits, elem.bias, elem.torch_dtype == torch.float8_e5m2]

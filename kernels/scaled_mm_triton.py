@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
-from autoprec.kernels.operand import KIND_BF16, KIND_NVFP4, Operand
+from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 
 BLOCK_M = 32
 BLOCK_N = 32
@@ -64,24 +64,13 @@ def _scaled_mm_kernel(
         tl.store(ptrs, acc, mask=mask)
 
 
-def _kernel_args(op: Operand) -> tuple[list[torch.Tensor], list]:
-    """Pointers and constexprs describing one operand to the kernel."""
-    elem = op.fmt.elem
-    if op.kind == KIND_BF16:
-        ptrs = [op.codes, op.codes, op.codes]
-        return ptrs, [KIND_BF16, 0, 0, 0, False]
-    ts = op.tensor_scale if op.tensor_scale is not None else op.codes
-    ptrs = [op.codes.view(torch.uint8), op.scales.view(torch.uint8), ts]
-    return ptrs, [op.kind, elem.ebits, elem.mbits, elem.bias, elem.torch_dtype == torch.float8_e5m2]
-
-
 def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or bfloat16), operands already checked."""
     m, k = a.rows, a.k
     n = b.rows
     out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype)
-    a_ptrs, a_meta = _kernel_args(a)
-    b_ptrs, b_meta = _kernel_args(b)
+    a_ptrs, a_meta = kernel_args(a)
+    b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
     _scaled_mm_kernel[grid](

@@ -6,6 +6,7 @@ pytest.importorskip("triton")
 
 from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
 from autoprec.kernels.operand import as_operand
+from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -18,47 +19,53 @@ def to_device(q):
                    None if q.tensor_scale is None else q.tensor_scale.to(DEVICE), q.axis, q.shape, q.tile_rows)
 
 
-def run(a, b, bias=None, out_dtype=torch.float32):
+@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton], ids=["fp32_dot", "sm90_bf16_tensor_core"])
+def kernel(request):
+    """Both Triton matmuls: tiles decoded to fp32 with an fp32 dot, and decoded to bf16 for tensor cores."""
+    return request.param
+
+
+def run(kernel, a, b, bias=None, out_dtype=torch.float32):
     bias = None if bias is None else bias.to(DEVICE)
-    return scaled_mm_triton(as_operand(a, 1, "a"), as_operand(b, 0, "b"), bias, out_dtype).cpu()
+    return kernel(as_operand(a, 1, "a"), as_operand(b, 0, "b"), bias, out_dtype).cpu()
 
 
 @pytest.mark.parametrize("fa,fb,tile2d", CASES, ids=[f"{a}x{b}{'-16x16' if t else ''}" for a, b, t in CASES])
-def test_matches_reference_qmm(fa, fb, tile2d):
+def test_matches_reference_qmm(kernel, fa, fb, tile2d):
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(40, 128, generator=gen), torch.randn(128, 48, generator=gen)  # M, N not tile multiples
     qa = quantize_ref(a, fa, 1)
     qb = quantize_ref(b, fb, 0, tile2d=True) if tile2d else quantize_ref(b, fb, 0)
     want = qmm_ref(a, b, fa, fb, tile2d_b=tile2d)
-    got = run(to_device(qa), to_device(qb))
+    got = run(kernel, to_device(qa), to_device(qb))
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_bias_and_bf16_output():
+def test_bias_and_bf16_output(kernel):
     a, b, bias = torch.randn(32, 64), torch.randn(64, 32), torch.randn(32)
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "nvfp4", 0)
     want = dequantize_ref(qa) @ dequantize_ref(qb) + bias
-    got = run(to_device(qa), to_device(qb), bias, torch.bfloat16)
+    got = run(kernel, to_device(qa), to_device(qb), bias, torch.bfloat16)
     assert got.dtype == torch.bfloat16
     assert torch.allclose(got.float(), want, rtol=2**-8, atol=1e-3)
 
 
-def test_bf16_equals_torch():
+def test_bf16_equals_torch(kernel):
     gen = torch.Generator().manual_seed(1)
     # small integers: every partial sum is exact, so any accumulation order gives torch's result
     a = torch.randint(-8, 8, (40, 96), generator=gen).to(torch.bfloat16)
     b = torch.randint(-8, 8, (96, 48), generator=gen).to(torch.bfloat16)
     bias = torch.randint(-4, 4, (48,), generator=gen).to(torch.bfloat16)
-    assert torch.equal(run(a.to(DEVICE), b.to(DEVICE), None, torch.bfloat16), a @ b)
+    assert torch.equal(run(kernel, a.to(DEVICE), b.to(DEVICE), None, torch.bfloat16), a @ b)
     want = torch.nn.functional.linear(a, b.t(), bias)
-    assert torch.equal(run(a.to(DEVICE), b.to(DEVICE), bias, torch.bfloat16), want)
+    assert torch.equal(run(kernel, a.to(DEVICE), b.to(DEVICE), bias, torch.bfloat16), want)
     x, w = torch.randn(32, 64, generator=gen).bfloat16(), torch.randn(64, 32, generator=gen).bfloat16()
-    assert torch.allclose(run(x.to(DEVICE), w.to(DEVICE), None, torch.bfloat16).float(), (x @ w).float(), rtol=2**-7)
+    assert torch.allclose(run(kernel, x.to(DEVICE), w.to(DEVICE), None, torch.bfloat16).float(), (x @ w).float(), rtol=2**-7)
 
 
-def test_nan_block_propagates():
+def test_nan_block_propagates(kernel):
     a = torch.randn(32, 64)
     a[5, 3] = float("nan")
     qa, qb = quantize_ref(a, "nvfp4", 1), quantize_ref(torch.randn(64, 32), "nvfp4", 0)
-    got = run(to_device(qa), to_device(qb))
+    got = run(kernel, to_device(qa), to_device(qb))
     assert torch.isnan(got[5]).all() and torch.isfinite(got[[0, 1, 2, 4]]).all()

@@ -1,0 +1,74 @@
+"""The tensor-core GEMM (tiles decoded to bf16 in registers): compiled for sm_90 and sm_100 on this CPU
+machine, its PTX uses tensor-core MMA and its cubin fits the parts; its bf16 decode is exact or it
+hands over to the fp32 kernel. (Numerics against the reference: test_triton_scaled_mm.py.)"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from autoprec.kernels import dispatch, quantize_ref
+from autoprec.kernels.operand import as_operand
+from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
+
+SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # opt-in shared memory per block on H100/H200 and B200
+
+
+@pytest.fixture(scope="module")
+def ptx_report() -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the real compiler, not the interpreter
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    script = Path(__file__).with_name("ptx_report.py")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ptx_sm90_uses_wgmma(ptx_report):
+    rows = [r for r in ptx_report if r["cap"] == 90]
+    assert rows and all(r["wgmma"] for r in rows)
+
+
+def test_ptx_sm100_uses_tcgen05(ptx_report):
+    rows = [r for r in ptx_report if r["cap"] == 100]
+    assert rows and all(r["tcgen05"] for r in rows)
+
+
+def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
+    for r in ptx_report:
+        assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
+        assert r["shared"] <= SHARED_LIMIT[r["cap"]], r
+
+
+def mx_operand(fmt: str, exponent: int):
+    """An MXFP8 operand whose every block scale is 2**exponent."""
+    q = quantize_ref(torch.ones(4, 32), fmt, 1)
+    scales = torch.full_like(q.scales, exponent + 127)
+    return as_operand(type(q)(q.fmt, q.codes, scales, None, q.axis, q.shape), 1, "a")
+
+
+def test_sm90_exact_decode_range():
+    assert exact_decode_problem(mx_operand("mxfp8", -117)) is None
+    assert "leave bf16's exact range -117..119" in exact_decode_problem(mx_operand("mxfp8", -118))
+    assert exact_decode_problem(mx_operand("mxfp8", 119)) is None
+    assert exact_decode_problem(mx_operand("mxfp8", 120))
+    assert exact_decode_problem(mx_operand("mxfp8_e5m2", 112)) is None
+    assert exact_decode_problem(mx_operand("mxfp8_e5m2", 113))
+    assert exact_decode_problem(as_operand(quantize_ref(torch.randn(4, 32), "nvfp4", 1), 1, "a")) is None
+
+
+def test_sm90_dispatch_falls_back_where_bf16_is_not_exact(monkeypatch):
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    a = torch.randn(8, 64) * 2.0**-125  # scale exponents near -133: below bf16's normal range
+    qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(torch.randn(64, 16), "mxfp8", 0)
+    assert exact_decode_problem(as_operand(qa, 1, "a"))
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = dispatch.scaled_mm(qa, qb)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    got = dispatch.scaled_mm(qa, qb)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
