@@ -60,7 +60,8 @@ def test_bf16_equals_torch(kernel):
     want = torch.nn.functional.linear(a, b.t(), bias)
     assert torch.equal(run(kernel, a.to(DEVICE), b.to(DEVICE), bias, torch.bfloat16), want)
     x, w = torch.randn(32, 64, generator=gen).bfloat16(), torch.randn(64, 32, generator=gen).bfloat16()
-    assert torch.allclose(run(kernel, x.to(DEVICE), w.to(DEVICE), None, torch.bfloat16).float(), (x @ w).float(), rtol=2**-7)
+    got = run(kernel, x.to(DEVICE), w.to(DEVICE), None, torch.bfloat16)
+    assert torch.allclose(got.float(), (x @ w).float(), rtol=2**-7)
 
 
 def test_nan_block_propagates(kernel):
