@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
-from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
+from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8
+from autoprec.kernels.operand import Operand
+from autoprec.kernels.scaled_mm_triton import launch, store_tile
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -69,14 +70,7 @@ def scaled_mm_tc_kernel(
         acc = acc * tl.load(a_ts)
     if B_KIND == 0:
         acc = acc * tl.load(b_ts)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    ptrs = out_ptr + rm[:, None] * N + rn[None, :]
-    if OUT_BF16:
-        tl.store(ptrs, to_bf16_bits(acc), mask=mask)
-    else:
-        tl.store(ptrs, acc, mask=mask)
+    store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
 
 
 def exact_decode_problem(op: Operand) -> str | None:
@@ -101,16 +95,5 @@ def exact_decode_problem(op: Operand) -> str | None:
 def scaled_mm_tc_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` on tensor cores; operands already checked, and
     ``exact_decode_problem`` is None for both."""
-    m, k, n = a.rows, a.k, b.rows
-    out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype)
-    a_ptrs, a_meta = kernel_args(a)
-    b_ptrs, b_meta = kernel_args(b)
-    out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-    scaled_mm_tc_kernel[grid](
-        *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, m, n, k,
-        *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
-        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
-        INTERPRETED=os.environ.get("TRITON_INTERPRET") == "1", num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-    )
-    return out
+    return launch(scaled_mm_tc_kernel, (BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype,
+                  INTERPRETED=os.environ.get("TRITON_INTERPRET") == "1", num_warps=NUM_WARPS, num_stages=NUM_STAGES)

@@ -54,6 +54,12 @@ def _scaled_mm_kernel(
         a = _dequant_tile(a_codes, a_scales, a_ts, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1)
         b = _dequant_tile(b_codes, b_scales, b_ts, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS)
         acc += tl.dot(a, tl.trans(b), input_precision="ieee")
+    store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
+
+
+@triton.jit
+def store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr):
+    """The epilogue: bias added in fp32, one rounding to the output dtype (bf16 by bit arithmetic)."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     mask = (rm < M)[:, None] & (rn < N)[None, :]
@@ -64,18 +70,24 @@ def _scaled_mm_kernel(
         tl.store(ptrs, acc, mask=mask)
 
 
-def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or bfloat16), operands already checked."""
-    m, k = a.rows, a.k
-    n = b.rows
+def launch(kernel, blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Tensor | None,
+           out_dtype: torch.dtype, **extra) -> torch.Tensor:
+    """Run a block-scaled matmul kernel: (M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or bfloat16),
+    operands already checked; ``blocks`` is (BM, BN, BK)."""
+    m, k, n = a.rows, a.k, b.rows
     out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype)
     a_ptrs, a_meta = kernel_args(a)
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-    _scaled_mm_kernel[grid](
+    bm, bn, bk = blocks
+    kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
-        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
+        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, **extra,
     )
     return out
+
+
+def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """(M, K) · (N, K)ᵀ -> (M, N) with tiles decoded to fp32 and an fp32 (IEEE) dot."""
+    return launch(_scaled_mm_kernel, (BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype)
