@@ -16,9 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8
 from autoprec.kernels.operand import Operand
-from autoprec.kernels.scaled_mm_triton import launch, store_tile
+from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, launch, store_tile
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -26,24 +25,6 @@ BLOCK_K = 32  # 64 spills registers on sm_90 (decode of two 128x64 tiles in flig
 NUM_WARPS = 8
 NUM_STAGES = 3
 E8M0_BIAS = 127
-
-
-@triton.jit
-def _bf16_tile(codes_ptr, scales_ptr, rows, kk, R, K,
-               KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-               HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """bf16 [len(rows), len(kk)] tile of one operand (0 = NVFP4 without its tensor scale, 1 = MXFP8, 2 = BF16)."""
-    mask = (rows < R)[:, None] & (kk < K)[None, :]
-    if KIND == 2:
-        return tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0)
-    if KIND == 0:
-        byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kk[None, :] // 2, mask=mask, other=0)
-        nib = tl.where((kk % 2 == 0)[None, :], byte & 0xF, byte >> 4)
-        s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // 16) + kk[None, :] // 16, mask=mask, other=0)
-        return (decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False)).to(tl.bfloat16)
-    c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
-    s = tl.load(scales_ptr + rows[:, None] * (K // 32) + kk[None, :] // 32, mask=mask, other=127)
-    return (decode_float8(c, EBITS, MBITS, BIAS, HAS_INF) * decode_e8m0(s)).to(tl.bfloat16)
 
 
 @triton.jit
@@ -60,16 +41,14 @@ def scaled_mm_tc_kernel(
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
-        a = _bf16_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1)
-        b = _bf16_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS)
+        a = decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1).to(tl.bfloat16)
+        b = decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF,
+                        B_TILE_ROWS).to(tl.bfloat16)
         if INTERPRETED:  # the interpreter's dot reads bf16 as integers: the same exact values, in fp32
             acc += tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
         else:
             acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.float32)
-    if A_KIND == 0:
-        acc = acc * tl.load(a_ts)
-    if B_KIND == 0:
-        acc = acc * tl.load(b_ts)
+    acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
     store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
 
 

@@ -1,7 +1,8 @@
 """Triton block-scaled matmul: C = A · Bᵀ over quantized (or BF16) operands stored (rows, K).
 
-Tiles are dequantized in-kernel with integer decoding of the codes and scales, then multiplied with an
-fp32 (IEEE) ``tl.dot`` and accumulated in fp32; bias is added in fp32 and the output rounded once (RNE,
+Tiles are decoded in-kernel (integer decoding of the codes and block scales), multiplied with an fp32
+(IEEE) ``tl.dot`` and accumulated in fp32; NVFP4 tensor scales multiply the accumulator, bias is added
+in fp32 and the output rounded once (RNE,
 by bit arithmetic for bfloat16). ``tl.dot_scaled`` is not used: Hopper has no block-scaled tensor
 cores and no Blackwell part was available to verify it.
 """
@@ -20,10 +21,11 @@ BLOCK_K = 64
 
 
 @triton.jit
-def _dequant_tile(codes_ptr, scales_ptr, ts_ptr, rows, kk, R, K,
-                  KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                  HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """fp32 [len(rows), len(kk)] tile of one operand (0 = NVFP4, 1 = MXFP8, 2 = BF16)."""
+def decode_tile(codes_ptr, scales_ptr, rows, kk, R, K,
+                KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """fp32 [len(rows), len(kk)] tile of one operand (0 = NVFP4, 1 = MXFP8, 2 = BF16): code times block
+    scale, exact in fp32; NVFP4's tensor scale is left to the accumulator (``apply_tensor_scales``)."""
     mask = (rows < R)[:, None] & (kk < K)[None, :]
     if KIND == 2:
         return tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -31,10 +33,20 @@ def _dequant_tile(codes_ptr, scales_ptr, ts_ptr, rows, kk, R, K,
         byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kk[None, :] // 2, mask=mask, other=0)
         nib = tl.where((kk % 2 == 0)[None, :], byte & 0xF, byte >> 4)
         s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // 16) + kk[None, :] // 16, mask=mask, other=0)
-        return decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False) * tl.load(ts_ptr)
+        return decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False)
     c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
     s = tl.load(scales_ptr + rows[:, None] * (K // 32) + kk[None, :] // 32, mask=mask, other=127)
     return decode_float8(c, EBITS, MBITS, BIAS, HAS_INF) * decode_e8m0(s)
+
+
+@triton.jit
+def apply_tensor_scales(acc, a_ts, b_ts, A_KIND: tl.constexpr, B_KIND: tl.constexpr):
+    """NVFP4's per-tensor decode scales, once on the fp32 accumulator."""
+    if A_KIND == 0:
+        acc = acc * tl.load(a_ts)
+    if B_KIND == 0:
+        acc = acc * tl.load(b_ts)
+    return acc
 
 
 @triton.jit
@@ -51,9 +63,10 @@ def _scaled_mm_kernel(
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
-        a = _dequant_tile(a_codes, a_scales, a_ts, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1)
-        b = _dequant_tile(b_codes, b_scales, b_ts, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS)
+        a = decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1)
+        b = decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS)
         acc += tl.dot(a, tl.trans(b), input_precision="ieee")
+    acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
     store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
 
 
