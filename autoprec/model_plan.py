@@ -26,18 +26,31 @@ _KNOWN_ROOTS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _SOURCE_PART = re.compile(r"\._(?:modules|parameters|buffers)\['([^']+)'\]|\.([A-Za-z_]\w*)")
 
 
-def _compiled_roots() -> list[torch.nn.Module]:
+def _live_modules() -> list[torch.nn.Module]:
+    # type(), not isinstance: isinstance would touch weak proxies and deprecated module stand-ins
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), torch.nn.Module)]
+
+
+def _compiled_roots(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
     """Modules handed to torch.compile (``torch.compile(m)`` or ``m.compile()``) that are alive now."""
     from torch._dynamo.eval_frame import OptimizedModule
 
-    module = torch.nn.Module
-    for obj in gc.get_objects():
-        cls = type(obj)  # not isinstance: it would touch weak proxies and deprecated module stand-ins
-        if issubclass(cls, OptimizedModule):
-            _KNOWN_ROOTS.add(obj._orig_mod)
-        elif issubclass(cls, module) and obj.__dict__.get("_compiled_call_impl") is not None:
-            _KNOWN_ROOTS.add(obj)
+    for m in modules:
+        if isinstance(m, OptimizedModule):
+            _KNOWN_ROOTS.add(m._orig_mod)
+        elif m.__dict__.get("_compiled_call_impl") is not None:
+            _KNOWN_ROOTS.add(m)
     return list(_KNOWN_ROOTS)
+
+
+def _outermost_owner(modules: list[torch.nn.Module], ids: set[int]) -> torch.nn.Module | None:
+    """The top of the module tree that holds one of the parameters ``ids`` (for a compiled function or
+    bound method, e.g. ``torch.compile(model.forward)``, whose module was not itself compiled)."""
+    parent = {id(c): m for m in modules for c in m._modules.values() if c is not None}
+    owner = next((m for m in modules if any(id(p) in ids for p in m._parameters.values())), None)
+    while owner is not None and id(owner) in parent:
+        owner = parent[id(owner)]
+    return owner
 
 
 def _param_names(root: torch.nn.Module) -> dict[int, str]:
@@ -45,8 +58,8 @@ def _param_names(root: torch.nn.Module) -> dict[int, str]:
 
 
 def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
-    """The outermost compiled module holding ``params`` (None when there is none, e.g. a compiled
-    function that reads parameters of a module that was never compiled itself)."""
+    """The outermost compiled module holding ``params``; failing that, the top of the module tree that
+    holds them; None for parameters that belong to no module."""
     if not params:
         return None
     ids = {id(p) for p in params}
@@ -54,8 +67,17 @@ def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
     def holders(roots):
         return [r for r in roots if ids & _param_names(r).keys()]
 
-    found = holders(list(_KNOWN_ROOTS)) or holders(_compiled_roots())
-    return max(found, key=lambda r: sum(1 for _ in r.modules())) if found else None
+    found = holders(list(_KNOWN_ROOTS))
+    if not found:
+        modules = _live_modules()
+        found = holders(_compiled_roots(modules))
+        if not found:
+            owner = _outermost_owner(modules, ids)
+            if owner is None:
+                return None
+            _KNOWN_ROOTS.add(owner)
+            found = [owner]
+    return max(found, key=lambda r: sum(1 for _ in r.modules()))
 
 
 def source_path(source: str) -> str | None:

@@ -208,3 +208,13 @@ def test_gemm_first_met_after_the_plan_is_fixed_is_decided_once_and_says_so():
     assert "no calibration data" in probe.reason
     assert not any("after the plan" in d.reason for k, d in rows.items() if k[0] == "body")
     assert len(rows) == len(autoprec.plan(c).decisions)
+
+
+def test_compiled_forward_method_finds_its_model():
+    """``model.forward = torch.compile(model.forward)``: the module was never compiled itself; its plan is
+    still found by the model, with root-relative names."""
+    m = gpt()
+    m.forward = torch.compile(m.forward, backend="autoprec", options={"recipe": "nvfp4"})
+    m(*tokens(batch=2, ctx=16, vocab=64)).backward()
+    plan = autoprec.plan(m)
+    assert ("blocks.1.mlp.fc2", "wgrad", 0) in keys(plan) and plan.not_compiled == []
