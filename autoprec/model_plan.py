@@ -135,8 +135,8 @@ class ModelPlan:
         auto = opts.recipe == "auto" and opts.plan is None
         self.calibration = Calibration(opts.mx_scale, opts.seed) if auto else None
         self.fixed = not auto
-        self.module_names = [n for n, _ in root.named_modules()] if root is not None else None
-        self._assigner = Assigner(opts, self.calibration, self.module_names) if root is not None else None
+        names = [n for n, _ in root.named_modules()] if root is not None else None
+        self._assigner = Assigner(opts, self.calibration, names) if names is not None else None
 
     @property
     def model(self) -> torch.nn.Module | None:

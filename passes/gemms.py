@@ -44,7 +44,6 @@ class GemmSpec:
 
     key: GemmKey
     role: MatmulRole
-    module_type: str
     stack_ids: tuple[str, ...]
     weight_id: int | None
     frame_params: frozenset[int]
@@ -92,7 +91,6 @@ class GraphGemm:
 
     spec: GemmSpec
     info: RoleInfo
-    site: Site
     pair: int  # graph-local id of its site: ties backward GEMMs to their fprop during calibration
 
 
@@ -124,7 +122,7 @@ def graph_gemms(sites: list[Site], path_of: Callable[[Site], str], weight_ids: d
             batch = sympy.Integer(1) if mm.batch is None else _expr(mm.batch)
             w = site.weight
             spec = GemmSpec(
-                key=(path, role, ordinal), role=info.role, module_type=site.module_type, stack_ids=site.stack_ids,
+                key=(path, role, ordinal), role=info.role, stack_ids=site.stack_ids,
                 weight_id=weight_ids.get(w), frame_params=frame,
                 weight_shape=None if w is None else tuple(_hint(v) for v in w.meta["val"].shape),
                 has_weight=info.weight_operand is not None, sdpa=site.sdpa, problem=site.problem,
@@ -134,5 +132,5 @@ def graph_gemms(sites: list[Site], path_of: Callable[[Site], str], weight_ids: d
                 flops_expr=str(sympy.expand(2 * batch * _expr(mm.m) * _expr(mm.n) * _expr(mm.k))),
                 blocking={f: blocking_problem(mm.k, f) for f, fmt in FORMATS.items() if fmt.quantized},
             )
-            out.append(GraphGemm(spec, info, site, site.index))
+            out.append(GraphGemm(spec, info, site.index))
     return out
