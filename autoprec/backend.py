@@ -37,7 +37,6 @@ from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
 from autoprec.passes.unplanned import find_unplanned, gathered_source
 from autoprec.plan import Decision
-from autoprec.roles import MatmulRole
 
 STEP_INPUT = "autoprec_step"
 
@@ -208,13 +207,9 @@ class _Variant:
         if decided is None:
             return
         gemms, forced = decided
-        fprop_of = {}
-        for g in gemms:
-            if g.info.role is MatmulRole.FPROP:
-                fprop_of.setdefault(g.pair, g.spec.key)
         for g in gemms:
             if not g.spec.sdpa and g.spec.key not in forced:
-                g.info.mm.node.meta[TAG] = GemmTag(g.spec.key, fprop_of.get(g.pair), (id(self), g.pair),
+                g.info.mm.node.meta[TAG] = GemmTag(g.spec.key, (id(self), g.pair),
                                                    g.info.grad_operand, g.info.weight_operand,
                                                    key_seeds(self.opts.seed, g.spec.key))
         self._rewrite(gm, num_fwd_outputs, gemms, forced, runner)

@@ -54,11 +54,10 @@ class Stat:
 @dataclass
 class GemmTag:
     """What calibration needs to know of a GEMM node (stored in ``node.meta[TAG]``): its model-level key,
-    the fprop key and graph-local ``pair`` id of its site (to score the forward with this backward's
-    gradient), which operands are gradient and weight, and its seeds."""
+    the graph-local ``pair`` id of its site (to score the site's forward with this backward's gradient),
+    which operands are gradient and weight, and its seeds."""
 
     key: GemmKey
-    fprop_key: GemmKey | None
     pair: tuple[int, int]
     grad_operand: int | None
     weight_operand: int | None
