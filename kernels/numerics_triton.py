@@ -10,8 +10,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FLT_MAX = 3.4028234663852886e38
-MAGIC_RNE = 8388608.0
+# tl.constexpr: compiled kernels may only read globals that are (the interpreter does not check this)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+MAGIC_RNE = tl.constexpr(8388608.0)
 
 
 @triton.jit

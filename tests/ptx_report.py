@@ -1,6 +1,7 @@
-"""Compile the tensor-core GEMM for sm_90 and sm_100 without a GPU and report, as JSON on stdout, whether its
-PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory). Run in a process
-without TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py``."""
+"""Compile every GPU kernel for sm_90 and sm_100 without a GPU and report, as JSON on stdout, whether its
+PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the tensor-core GEMM
+(NVFP4 and MXFP8 operands), the fp32 GEMM it falls back to, and the quantizers (SR and RHT on). Run in a
+process without TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py``."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autoprec.formats import get_format
+from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels import scaled_mm_tc_triton as tc
+from autoprec.kernels import scaled_mm_triton as fp32
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
             "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
@@ -27,7 +30,7 @@ def constexprs(fmt: str) -> dict:
             "INF": fmt == "mxfp8_e5m2"}
     out = {f"A_{k}": v for k, v in meta.items()} | {f"B_{k}": v for k, v in meta.items()}
     return out | {"B_TILE_ROWS": 1, "HAS_BIAS": True, "OUT_BF16": True, "BM": tc.BLOCK_M, "BN": tc.BLOCK_N,
-                  "BK": tc.BLOCK_K, "INTERPRETED": False}
+                  "BK": tc.BLOCK_K}
 
 
 def resource_usage(cubin: bytes) -> dict:
@@ -40,15 +43,37 @@ def resource_usage(cubin: bytes) -> dict:
     return {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {}
 
 
-def report(fmt: str, cap: int) -> dict:
-    const = constexprs(fmt)
-    src = ASTSource(tc.scaled_mm_tc_kernel, POINTERS | {k: "constexpr" for k in const}, const)
-    k = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                       options={"num_warps": tc.NUM_WARPS, "num_stages": tc.NUM_STAGES})
+QUANT_POINTERS = {"x_ptr": "*fp32", "m_ptr": "*fp32", "rand_ptr": "*i32", "codes_ptr": "*u8", "scales_ptr": "*u8"}
+SIZES = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32"}
+E4M3 = get_format("mxfp8").elem
+QUANT_BLOCKS = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": True}
+
+
+def kernels() -> list[tuple[str, object, dict, dict, dict]]:
+    """(name, kernel, signature, constexprs, launch options) of every GPU kernel."""
+    gemm_opts = {"num_warps": tc.NUM_WARPS, "num_stages": tc.NUM_STAGES}
+    out = [(f"tensor_core_gemm_{f}", tc.scaled_mm_tc_kernel, POINTERS, constexprs(f) | {"INTERPRETED": False},
+            gemm_opts) for f in ("nvfp4", "mxfp8")]
+    fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K}
+    out.append(("fp32_gemm_nvfp4", fp32._scaled_mm_kernel, POINTERS, fp32_const, {}))
+    nvfp4 = QUANT_POINTERS | {"senc6_ptr": "*fp32", "sdec_ptr": "*fp32"} | SIZES
+    out.append(("quantize_nvfp4", qt._nvfp4_kernel, nvfp4, QUANT_BLOCKS | {"SR": True, "TILE2D": False}, {}))
+    mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
+          "FLOOR": False, "SR": True}
+    out.append(("quantize_mxfp8", qt._mxfp8_kernel, QUANT_POINTERS | SIZES, QUANT_BLOCKS | mx, {}))
+    amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32",
+            "s_k": "i32"}
+    out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))
+    return out
+
+
+def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: int) -> dict:
+    src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const)
+    k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
-    return {"fmt": fmt, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
+    return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 
 if __name__ == "__main__":
-    print(json.dumps([report(fmt, cap) for fmt in ("nvfp4", "mxfp8") for cap in (90, 100)]))
+    print(json.dumps([report(*spec, cap) for spec in kernels() for cap in (90, 100)]))

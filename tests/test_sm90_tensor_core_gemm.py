@@ -1,6 +1,6 @@
-"""The tensor-core GEMM (tiles decoded to bf16 in registers): compiled for sm_90 and sm_100 on this CPU
-machine, its PTX uses tensor-core MMA and its cubin fits the parts; its bf16 decode is exact or it
-hands over to the fp32 kernel. (Numerics against the reference: test_triton_scaled_mm.py.)"""
+"""Every GPU kernel compiled for sm_90 and sm_100 on this CPU machine: the tensor-core GEMM's PTX uses
+tensor-core MMA, and every cubin fits the parts' registers and shared memory. The GEMM's bf16 decode is
+exact or it hands over to the fp32 kernel. (Numerics against the reference: test_triton_scaled_mm.py.)"""
 import json
 import os
 import subprocess
@@ -29,17 +29,20 @@ def ptx_report() -> list[dict]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def gemms(report: list[dict], cap: int) -> list[dict]:
+    return [r for r in report if r["cap"] == cap and r["kernel"].startswith("tensor_core_gemm")]
+
+
 def test_ptx_sm90_uses_wgmma(ptx_report):
-    rows = [r for r in ptx_report if r["cap"] == 90]
-    assert rows and all(r["wgmma"] for r in rows)
+    assert len(gemms(ptx_report, 90)) == 2 and all(r["wgmma"] for r in gemms(ptx_report, 90))
 
 
 def test_ptx_sm100_uses_tcgen05(ptx_report):
-    rows = [r for r in ptx_report if r["cap"] == 100]
-    assert rows and all(r["tcgen05"] for r in rows)
+    assert len(gemms(ptx_report, 100)) == 2 and all(r["tcgen05"] for r in gemms(ptx_report, 100))
 
 
 def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
+    assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "quantize_nvfp4", "quantize_mxfp8", "quantize_amax"}
     for r in ptx_report:
         assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
         assert r["shared"] <= SHARED_LIMIT[r["cap"]], r
