@@ -44,3 +44,22 @@ def test_gpt2_dynamic_shapes():
     steps(c, batches=(2, 3, 4))
     plan = autoprec.plan(c)
     assert plan.flop_share().get("mxfp8", 0) > 0.5 and len({d.key for d in plan.decisions}) == len(plan.decisions)
+
+
+def test_trainer_with_a_model_compiled_in_place():
+    """The path examples/hf_trainer.py shows: model.compile(backend="autoprec"), then Trainer."""
+    pytest.importorskip("accelerate")
+    from hf_trainer import train
+
+    losses, plan = train(steps=6, recipe="nvfp4")
+    assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    assert plan.flop_share().get("nvfp4", 0) > 0.5
+
+
+def test_trainer_backend_option_is_rejected_by_accelerate(tmp_path):
+    """Why the example compiles the model itself: Trainer's own backend option cannot name autoprec."""
+    pytest.importorskip("accelerate")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                          torch_compile=True, torch_compile_backend="autoprec")
+    with pytest.raises(ValueError, match="not a valid DynamoBackend"):
+        transformers.Trainer(model=gpt2(), args=args)

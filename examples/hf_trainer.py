@@ -1,0 +1,59 @@
+"""Train a Hugging Face model with ``transformers.Trainer`` under autoprec (tiny GPT-2 built from a config,
+no downloads): compile the model with ``model.compile(backend="autoprec")`` before handing it to Trainer.
+
+    OMP_NUM_THREADS=1 python examples/hf_trainer.py [--steps 20] [--recipe auto]
+
+``TrainingArguments(torch_compile=True, torch_compile_backend="autoprec")`` does not work: Trainer hands the
+backend name to accelerate, whose fixed list of dynamo backends rejects it ("'AUTOPREC' is not a valid
+DynamoBackend"). Compiling the model in place first needs no Trainer option at all.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import torch
+import transformers
+
+import autoprec
+
+
+def tiny_gpt2() -> transformers.GPT2LMHeadModel:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def toy_data(n: int = 256, ctx: int = 32) -> list[dict]:
+    """Token sequences from a 16-token vocabulary: easy to learn, so the loss visibly falls."""
+    gen = torch.Generator().manual_seed(0)
+    return [{"input_ids": (ids := torch.randint(0, 16, (ctx,), generator=gen)), "labels": ids} for _ in range(n)]
+
+
+def train(steps: int, recipe: str) -> tuple[list[float], autoprec.Plan]:
+    model = tiny_gpt2()
+    model.compile(backend="autoprec", options={"recipe": recipe})  # in place: Trainer keeps this module
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.TrainingArguments(
+            output_dir=out, per_device_train_batch_size=8, max_steps=steps, learning_rate=3e-3, logging_steps=1,
+            report_to=[], save_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=toy_data())
+        trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return losses, autoprec.plan(model)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--recipe", default="auto")
+    args = parser.parse_args()
+    losses, plan = train(args.steps, args.recipe)
+    for i, loss in enumerate(losses):
+        print(f"step {i:3d}  loss {loss:.4f}")
+    print(plan.summary())
+
+
+if __name__ == "__main__":
+    main()
