@@ -1,15 +1,20 @@
-"""GPU throughput of the Triton kernels: quantize GB/s and block-scaled matmul TFLOP/s.
+"""GPU throughput of the Triton kernels and of a planned training step.
 
-    python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989]
+    python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24] [--no-step]
 
 Quantize GB/s counts bytes read (input, plus the random bits for SR) and written (codes and scales).
-Matmul TFLOP/s is 2·M·N·K / time, next to torch's bf16 matmul on the same shape. The peaks default
-to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Without a CUDA GPU it exits with a message.
+Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
+the same shape. The step is one forward+backward of a ~350M-parameter GPT (24 layers, d=1024, ctx 1024,
+batch 8) in bf16 under plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor).
+The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize
+>= 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
+Without a CUDA GPU it exits with a message.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
@@ -19,12 +24,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--hbm-tbs", type=float, default=4.8)
     parser.add_argument("--bf16-tflops", type=float, default=989.0)
+    parser.add_argument("--layers", type=int, default=24, help="layers of the d=1024 GPT timed for one step")
+    parser.add_argument("--no-step", action="store_true", help="skip the training-step comparison")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (the CPU interpreter is for tests only)")
     import triton.testing
 
-    from autoprec.kernels import quantize, scaled_mm
+    from autoprec.kernels import quantize
     from autoprec.kernels.quantized import sr_bits
 
     n = args.size
@@ -49,19 +56,60 @@ def main() -> None:
         gbs = moved / ms / 1e6
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%")
 
-    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    flops = 2 * n**3
+    for m, nn_, k in [(4096, 4096, 4096), (8192, 8192, 2048), (n, n, n)]:
+        matmuls(m, nn_, k, args.bf16_tflops)
+    if not args.no_step:
+        training_step(args.layers)
+
+
+def matmuls(m: int, n: int, k: int, peak: float) -> None:
+    """TFLOP/s of the planned block-scaled matmuls against torch's bf16 matmul at one shape."""
+    import triton.testing
+
+    from autoprec.kernels import quantize, scaled_mm
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * m * n * k
     ms_bf16 = triton.testing.do_bench(lambda: x @ w)
-    print(f"\n{'matmul':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
+    print(f"\n{f'matmul {m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
     print(f"{'torch bf16':<28}{ms_bf16:>9.3f}{flops / ms_bf16 / 1e9:>9.0f}{1.0:>8.2f}"
-          f"{100 * flops / ms_bf16 / 1e9 / args.bf16_tflops:>7.0f}%")
-    for fa, fb in [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("bf16", "bf16")]:
-        a = x if fa == "bf16" else quantize(x, fa, 1)
-        b = w if fb == "bf16" else quantize(w, fb, 0)
+          f"{100 * flops / ms_bf16 / 1e9 / peak:>7.0f}%")
+    for fmt in ("nvfp4", "mxfp8", "bf16"):
+        a = x if fmt == "bf16" else quantize(x, fmt, 1)
+        b = w if fmt == "bf16" else quantize(w, fmt, 0)
         ms = triton.testing.do_bench(lambda: scaled_mm(a, b, out_dtype=torch.bfloat16))
         tf = flops / ms / 1e9
-        print(f"{'autoprec ' + fa + ' x ' + fb:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}"
-              f"{100 * tf / args.bf16_tflops:>7.0f}%")
+        print(f"{'autoprec ' + fmt:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%")
+
+
+def training_step(layers: int) -> None:
+    """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from gpt_model import TinyGPT, tokens
+
+    idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=1024, vocab=50304))
+    print(f"\n{'training step, GPT ' + str(layers) + 'x1024':<28}{'ms':>9}{'x bf16':>8}")
+    base = None
+    for name, backend, options in [("bf16 (inductor)", "inductor", None), ("autoprec nvfp4", "autoprec", "nvfp4"),
+                                   ("autoprec mxfp8", "autoprec", "mxfp8"), ("autoprec auto", "autoprec", "auto")]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = TinyGPT(vocab=50304, d=1024, layers=layers, heads=16, ctx=1024, sdpa=True).cuda().bfloat16()
+        kw = {"options": {"recipe": options, "inner": "inductor"}} if options else {}
+        compiled = torch.compile(model, backend=backend, **kw)
+        for _ in range(3):  # compile, calibrate (auto), plan
+            compiled(idx, tgt).backward()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            compiled(idx, tgt).backward()
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / 5
+        base = base or ms
+        print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}")
 
 
 if __name__ == "__main__":
