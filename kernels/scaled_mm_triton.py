@@ -1,10 +1,10 @@
 """Triton block-scaled matmul: C = A · Bᵀ over quantized (or BF16) operands stored (rows, K).
 
-Tiles are decoded in-kernel (integer decoding of the codes and block scales), multiplied with an fp32
-(IEEE) ``tl.dot`` and accumulated in fp32; NVFP4 tensor scales multiply the accumulator, bias is added
-in fp32 and the output rounded once (RNE,
-by bit arithmetic for bfloat16). ``tl.dot_scaled`` is not used: Hopper has no block-scaled tensor
-cores and no Blackwell part was available to verify it.
+One kernel serves both paths: tiles are decoded in-kernel (integer decoding of the codes and block
+scales) and multiplied either with an fp32 (IEEE) ``tl.dot`` (this module's ``scaled_mm_triton``) or, cast
+exactly to bf16, on tensor cores (``scaled_mm_tc_triton``); both accumulate in fp32, NVFP4 tensor scales
+multiply the accumulator, bias is added in fp32 and the output rounded once (RNE, by bit arithmetic for
+bfloat16). ``tl.dot_scaled`` is not used: no Blackwell part was available to verify it.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 BLOCK_M = 32
 BLOCK_N = 32
 BLOCK_K = 64
+DOT_FP32, DOT_BF16, DOT_BF16_IN_FP32 = 0, 1, 2  # how tiles are multiplied (the last: the interpreter's bf16)
 
 
 @triton.jit
@@ -50,12 +51,32 @@ def apply_tensor_scales(acc, a_ts, b_ts, A_KIND: tl.constexpr, B_KIND: tl.conste
 
 
 @triton.jit
-def _scaled_mm_kernel(
+def dot_operand(tile, DOT: tl.constexpr):
+    """A decoded fp32 tile as the dot takes it: kept in fp32, or cast to bf16 for tensor cores (exact: the
+    values are bf16 numbers). Cast as soon as a tile is decoded, so two fp32 tiles are never live at once."""
+    if DOT != 0:
+        tile = tile.to(tl.bfloat16)
+    return tile
+
+
+@triton.jit
+def accumulate(acc, a, b, DOT: tl.constexpr):
+    """acc + a · bᵀ: an fp32 IEEE dot, a bf16 tensor-core dot, or (the interpreter, whose dot reads bf16
+    as integers) the same bf16 values multiplied in fp32."""
+    if DOT == 0:
+        return acc + tl.dot(a, tl.trans(b), input_precision="ieee")
+    if DOT == 2:
+        return acc + tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    return tl.dot(a, tl.trans(b), acc, out_dtype=tl.float32)
+
+
+@triton.jit
+def scaled_mm_kernel(
     a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, M, N, K,
     A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
     B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
     B_TILE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -63,9 +84,11 @@ def _scaled_mm_kernel(
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
-        a = decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1)
-        b = decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS)
-        acc += tl.dot(a, tl.trans(b), input_precision="ieee")
+        a = dot_operand(decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1),
+                        DOT)
+        b = dot_operand(decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF,
+                                    B_TILE_ROWS), DOT)
+        acc = accumulate(acc, a, b, DOT)
     acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
     store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
 
@@ -83,24 +106,25 @@ def store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS: tl.constexpr, OUT
         tl.store(ptrs, acc, mask=mask)
 
 
-def launch(kernel, blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Tensor | None,
-           out_dtype: torch.dtype, **extra) -> torch.Tensor:
-    """Run a block-scaled matmul kernel: (M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or bfloat16),
-    operands already checked; ``blocks`` is (BM, BN, BK)."""
+def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Tensor | None,
+           out_dtype: torch.dtype, dot: int, **options) -> torch.Tensor:
+    """Run the block-scaled matmul kernel: (M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or
+    bfloat16), operands already checked; ``blocks`` is (BM, BN, BK), ``dot`` one of the DOT_* modes,
+    ``options`` Triton's launch options (num_warps, num_stages)."""
     m, k, n = a.rows, a.k, b.rows
     out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype)
     a_ptrs, a_meta = kernel_args(a)
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     bm, bn, bk = blocks
-    kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+    scaled_mm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
-        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, **extra,
+        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot, **options,
     )
     return out
 
 
 def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """(M, K) · (N, K)ᵀ -> (M, N) with tiles decoded to fp32 and an fp32 (IEEE) dot."""
-    return launch(_scaled_mm_kernel, (BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype)
+    return launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, DOT_FP32)

@@ -52,10 +52,11 @@ QUANT_BLOCKS = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": True}
 def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     """(name, kernel, signature, constexprs, launch options) of every GPU kernel."""
     gemm_opts = {"num_warps": tc.NUM_WARPS, "num_stages": tc.NUM_STAGES}
-    out = [(f"tensor_core_gemm_{f}", tc.scaled_mm_tc_kernel, POINTERS, constexprs(f) | {"INTERPRETED": False},
+    out = [(f"tensor_core_gemm_{f}", fp32.scaled_mm_kernel, POINTERS, constexprs(f) | {"DOT": fp32.DOT_BF16},
             gemm_opts) for f in ("nvfp4", "mxfp8")]
-    fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K}
-    out.append(("fp32_gemm_nvfp4", fp32._scaled_mm_kernel, POINTERS, fp32_const, {}))
+    fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
+                                        "DOT": fp32.DOT_FP32}
+    out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
     nvfp4 = QUANT_POINTERS | {"senc6_ptr": "*fp32", "sdec_ptr": "*fp32"} | SIZES
     out.append(("quantize_nvfp4", qt._nvfp4_kernel, nvfp4, QUANT_BLOCKS | {"SR": True, "TILE2D": False}, {}))
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
