@@ -5,6 +5,8 @@ order (j = 0..15, then the exact ·1/4) so that the fused Triton version matches
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from autoprec.kernels.quantized import normalize_axis
@@ -22,7 +24,13 @@ def sylvester_hadamard(n: int = TILE) -> torch.Tensor:
 
 
 def rht_signs(seed: int = DEFAULT_RHT_SEED) -> torch.Tensor:
-    """The run's fixed ±1 sign vector of length 16, reproducible from ``seed``."""
+    """The run's fixed ±1 sign vector of length 16, reproducible from ``seed`` (a copy: every quantize
+    with the RHT asks for it, and drawing it anew each time costs more than the copy)."""
+    return _signs(seed).clone()
+
+
+@functools.cache
+def _signs(seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 2, (TILE,), generator=gen).to(torch.float32) * 2 - 1
 

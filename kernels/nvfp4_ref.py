@@ -79,19 +79,15 @@ def _empty_parts(xm: torch.Tensor, tile_rows: int) -> tuple[torch.Tensor, torch.
     return codes, torch.zeros(scale_shape, device=xm.device), torch.ones((), device=xm.device)
 
 
-def finite_amax(x: torch.Tensor) -> torch.Tensor:
-    """max|x| over the finite values of ``x`` (0 when there are none)."""
-    return torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x)).amax()
-
-
 def nvfp4_core(
     xm: torch.Tensor, r: torch.Tensor | None, tile_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tensor part of the quantizer on the blocked fp32 view: packed codes, fp32 block scales, S_dec."""
-    s_enc = nvfp4_encode_scale(finite_amax(xm))
-    s_dec = 1.0 / s_enc
+    """Tensor part of the quantizer on the blocked fp32 view: packed codes, fp32 block scales, S_dec.
+    The tensor amax is the max of the block amaxes, which leave NaN/Inf out."""
     blocks = _tile(xm, tile_rows)
     amax_b, bad = block_amax(blocks)
+    s_enc = nvfp4_encode_scale(amax_b.amax())
+    s_dec = 1.0 / s_enc
     s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH.to(xm.device)), E4M3)
     s_b = torch.where(bad, float("nan"), s_b)
     e_b = torch.clamp(1.0 / (s_b * s_dec), max=FLT_MAX)

@@ -5,8 +5,6 @@ Codes and scales cross the op boundary as uint8 (float8 bytes viewed as bytes); 
 says how to read them."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from autoprec.formats import BF16, NVFP4, get_format
@@ -21,11 +19,6 @@ def sr_stream(seed: int, step: int) -> int:
     """The SR seed of one quantization: the GEMM operand's ``seed`` (< 2**31) and the model's call
     counter ``step`` (< 2**32) packed into one 63-bit integer, so no two (GEMM, step) pairs share bits."""
     return (seed << 32) | (step & 0xFFFFFFFF)
-
-
-@functools.cache
-def _signs(rht_seed: int) -> Tensor:
-    return rht_signs(rht_seed)
 
 
 def _stored_shape(shape, axis: int) -> list:
@@ -45,7 +38,7 @@ def quantize(
     if rounding == "sr":
         seed = sr_stream(seed, int(step))
     q = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode, rht=rht,
-                          rht_signs=_signs(rht_seed) if rht else None)
+                          rht_signs=rht_signs(rht_seed) if rht else None)
     ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=x.device)
     return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone()
 
