@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import torch
 import torch.fx as fx
@@ -63,8 +63,8 @@ class _Variant:
         self.param_names = {id(p): aliases[id(p)] for p in params if id(p) in aliases}
         for names in self.param_names.values():
             self.state.param_names.update(names)
-        self.prefix = frame_prefix(root, [(s, a) for s, a in zip(owner.sources, args)
-                                          if isinstance(a, torch.nn.Parameter)])
+        self.prefix = frame_prefix(aliases, [(s, a) for s, a in zip(owner.sources, args)
+                                             if isinstance(a, torch.nn.Parameter)])
         self.module_names = {str(id(m)): n for n, m in root.named_modules(remove_duplicate=False)} if root else {}
         self.label: str | None = None
         self.calibrating_fn: Callable | None = None
@@ -150,16 +150,14 @@ class _Variant:
 
     def _gemms(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner) -> list[GraphGemm]:
         params = self._param_placeholders(gm)
-        param_nodes = {n for _, n in params}
         grads: set = set()
         if num_fwd_outputs is not None:
             outs = gm.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
             grads = {outs[i] for i, _ in params if i < len(outs) and isinstance(outs[i], fx.Node)}
         matmuls = runner.run("find_matmuls", find_matmuls, gm.graph)
-        infos = runner.run("classify_roles", classify_roles, gm.graph, matmuls, param_nodes, grads)
+        infos = runner.run("classify_roles", classify_roles, gm.graph, matmuls, {n for _, n in params}, grads)
         sites = runner.run("group_sites", group_sites, infos)
-        weight_ids = {n: id(self.flat[i]) for i, n in params}
-        return runner.run("graph_gemms", graph_gemms, sites, self._path, weight_ids)
+        return runner.run("graph_gemms", graph_gemms, sites, self._path, self._param_ids(gm))
 
     def _decide(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner, only_forced: bool):
         """(gemms, {key: Decision}) of a graph, or None when a pass broke an internal invariant: the graph
@@ -223,8 +221,7 @@ class _Variant:
         gemms, decisions = decided
         for g in gemms:
             self.state.weight_names.update(self.param_names.get(g.spec.weight_id, ()))
-        params = dict(self._param_placeholders(gm))
-        ids = {n: id(self.flat[i]) for i, n in params.items()}
+        ids = self._param_ids(gm)
         for g in gemms:
             for operand in (g.info.mm.a, g.info.mm.b):
                 src = gathered_source(operand)
@@ -234,6 +231,10 @@ class _Variant:
             names = [n for p in op.params for n in self.param_names.get(ids[p], ())]
             self.state.note_unplanned(self.label, self._root_path(op.module_id, op.module_path), op.op, op.flops, names)
         self._rewrite(gm, num_fwd_outputs, gemms, decisions, runner)
+
+    def _param_ids(self, gm: fx.GraphModule) -> dict[fx.Node, int]:
+        """Parameter placeholders of ``gm`` -> ids of this variant's real parameters."""
+        return {n: id(self.flat[i]) for i, n in self._param_placeholders(gm)}
 
     def _param_placeholders(self, gm: fx.GraphModule) -> list[tuple[int, fx.Node]]:
         phs = [n for n in gm.graph.find_nodes(op="placeholder") if "tangents" not in n.name]
@@ -311,9 +312,5 @@ def autoprec_backend(gm: fx.GraphModule, example_inputs: list, options: dict | N
     inductor inner compiler with that mode's settings (the plan's summary says so)."""
     opts = parse_options(options)
     if mode is not None:
-        opts = parse_options({**_as_dict(opts), "inner": "inductor", "mode": mode})
+        opts = replace(opts, inner="inductor", mode=mode)  # validated again, as any CompileOptions
     return CompiledGraph(gm, opts, example_inputs)
-
-
-def _as_dict(opts: CompileOptions) -> dict:
-    return {f.name: getattr(opts, f.name) for f in fields(opts)}

@@ -95,17 +95,15 @@ def source_path(source: str) -> str | None:
     return ".".join(parts)
 
 
-def frame_prefix(root: torch.nn.Module | None, params: list[tuple[str | None, object]]) -> str | None:
+def frame_prefix(aliases: dict[int, list[str]], params: list[tuple[str | None, object]]) -> str | None:
     """The root-relative name of a graph's frame module (``blocks.1.`` for a Block frame, ``""`` for the
-    root's), from (source, real parameter) pairs: the parameter's root name minus its frame-relative path."""
-    if root is None:
-        return None
-    names = _param_names(root)
+    root's), from (source, real parameter) pairs: a root name of the parameter (``aliases``: id -> its
+    names in the root, several for tied weights) minus its frame-relative path."""
     for source, p in params:
         rel = source_path(source) if source else None
-        full = names.get(id(p))
-        if rel and full and full.endswith(rel) and (len(full) == len(rel) or full[-len(rel) - 1] == "."):
-            return full[: len(full) - len(rel)]
+        for full in aliases.get(id(p), ()) if rel else ():
+            if full.endswith(rel) and (len(full) == len(rel) or full[-len(rel) - 1] == "."):
+                return full[: len(full) - len(rel)]
     return None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from autoprec.cost import HARDWARE
 from autoprec.formats import closest
-from autoprec.plan import Plan
+from autoprec.plan import Plan, is_int, is_real
 
 RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
 PHASES = ("pretrain", "rl_sampler", "rl_trainer")
@@ -59,14 +59,14 @@ class CompileOptions:
                 raise ValueError(f"autoprec option {name}={value!r} is not valid; choose from {', '.join(valid)}")
         for name in ("seed", "calibrate"):
             value = getattr(self, name)
-            _need(name, value, isinstance(value, int) and not isinstance(value, bool), "an int")
+            _need(name, value, is_int(value), "an int")
         if self.calibrate < 1:
             raise ValueError(f"autoprec option calibrate must be >= 1, got {self.calibrate}")
-        _need("budget", self.budget, _is_number(self.budget), "a number")
+        _need("budget", self.budget, is_real(self.budget), "a number")
         if not (math.isfinite(self.budget) and self.budget >= 0):
             raise ValueError(f"autoprec option budget must be a finite number >= 0, got {self.budget}")
         if self.target_speedup is not None:
-            _need("target_speedup", self.target_speedup, _is_number(self.target_speedup), "a number or None")
+            _need("target_speedup", self.target_speedup, is_real(self.target_speedup), "a number or None")
             if not (math.isfinite(self.target_speedup) and self.target_speedup > 0):
                 raise ValueError(f"autoprec option target_speedup must be a finite number > 0, "
                                  f"got {self.target_speedup}")
@@ -90,10 +90,6 @@ class CompileOptions:
                   "an autoprec.Plan or the path of a saved plan")
             if isinstance(value, (str, Path)) and not Path(value).is_file():
                 raise ValueError(f"autoprec option {name}: no plan file at {str(value)!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _need(name: str, value: Any, ok: bool, what: str) -> None:

@@ -16,41 +16,43 @@ ROUNDINGS = ("rne", "sr")
 REQUIRED = ("site", "module", "role", "shape", "batch", "fmt")
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """An int that is not a bool (JSON and option values)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_real(v) -> bool:
+def is_real(v) -> bool:
+    """An int or float that is not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # field -> (check, what a valid value is)
 FIELD_RULES = {
-    "site": (_is_int, "an int"),
+    "site": (is_int, "an int"),
     "module": (lambda v: isinstance(v, str), "a module path string"),
     "role": (lambda v: v in tuple(str(r) for r in MatmulRole), "one of fprop, dgrad, wgrad"),
     "shape": (lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and all(isinstance(x, (str, int)) for x in v),
               "[M, N, K]"),
     "batch": (lambda v: v is None or isinstance(v, (str, int)), "a size or null"),
     "fmt": (lambda v: v in FORMATS, f"one of {', '.join(FORMATS)}"),
-    "index": (_is_int, "an int"),
+    "index": (is_int, "an int"),
     "rounding": (lambda v: v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}"),
     "rht": (lambda v: isinstance(v, bool), "true or false"),
     "tile2d": (lambda v: isinstance(v, bool), "true or false"),
     "reason": (lambda v: isinstance(v, str), "a string"),
-    "seeds": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_is_int, v)), "[int, int]"),
+    "seeds": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(is_int, v)), "[int, int]"),
     "rewritten": (lambda v: isinstance(v, bool), "true or false"),
-    "flops": (_is_real, "a number"),
+    "flops": (is_real, "a number"),
     "flops_expr": (lambda v: isinstance(v, str), "a string"),
-    "seconds": (_is_real, "a number"),
-    "bf16_seconds": (_is_real, "a number"),
-    "weight_elems": (_is_int, "an int"),
-    "weight_shape": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(_is_int, v))),
+    "seconds": (is_real, "a number"),
+    "bf16_seconds": (is_real, "a number"),
+    "weight_elems": (is_int, "an int"),
+    "weight_shape": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(is_int, v))),
                      "a list of ints or null"),
     "graphs": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v), "a list of graph names"),
-    "err": (lambda v: v is None or _is_real(v), "a number or null"),
-    "bias": (lambda v: v is None or _is_real(v), "a number or null"),
-    "loss": (lambda v: v is None or _is_real(v), "a number or null"),
+    "err": (lambda v: v is None or is_real(v), "a number or null"),
+    "bias": (lambda v: v is None or is_real(v), "a number or null"),
+    "loss": (lambda v: v is None or is_real(v), "a number or null"),
 }
 
 
@@ -95,7 +97,6 @@ class Decision:
             value = getattr(self, name)
             if not ok(str(value) if name == "role" else value):
                 raise ValueError(f"field {name!r} = {value!r} is not valid; expected {valid}")
-        get_format(self.fmt)
         object.__setattr__(self, "role", MatmulRole(self.role))
 
     @property

@@ -46,9 +46,21 @@ class Stat:
         self.bias = (self.bias * self.count + other.bias * other.count) / n
         self.count = n
         if other.loss is not None:
-            m = self.loss_count + other.loss_count
-            self.loss = ((self.loss or 0.0) * self.loss_count + other.loss * other.loss_count) / m
-            self.loss_count = m
+            self.add_loss(other.loss, other.loss_count)
+
+    def add_loss(self, loss: float, count: int = 1) -> None:
+        """Average in a loss-aware score measured ``count`` times."""
+        m = self.loss_count + count
+        self.loss = ((self.loss or 0.0) * self.loss_count + loss * count) / m
+        self.loss_count = m
+
+
+def add_stat(table: dict[Candidate, Stat], c: Candidate, stat: Stat) -> None:
+    """Record ``stat`` for candidate ``c``, averaged with what ``table`` holds for it already."""
+    if c in table:
+        table[c].merge(stat)
+    else:
+        table[c] = stat
 
 
 @dataclass
@@ -109,10 +121,7 @@ class Calibration:
             diff = self.emulate(a32, b32, bias32, c, tag).double() / scale - exact
             stat = Stat(_ratio(diff.pow(2).sum(), exact.pow(2).sum()),
                         _ratio((diff * exact.sign()).mean(), exact.abs().mean()))
-            if c in out:
-                out[c].merge(stat)
-            else:
-                out[c] = stat
+            add_stat(out, c, stat)
             errors[c] = diff
         if role is MatmulRole.FPROP:
             self._fwd_error[tag.pair] = (tag.key, exact, errors)
@@ -130,7 +139,7 @@ class Calibration:
         denom = (g2 * exact.pow(2)).sum()
         stats = self.stats[fprop_key]
         for c, diff in errors.items():
-            stats[c].merge(Stat(stats[c].err, stats[c].bias, _ratio((g2 * diff.pow(2)).sum(), denom), 0, 1))
+            stats[c].add_loss(_ratio((g2 * diff.pow(2)).sum(), denom))
         del self._fwd_error[pair]
 
     def merge(self, other: "Calibration") -> None:
@@ -138,10 +147,7 @@ class Calibration:
         for key, by_cand in other.stats.items():
             mine = self.stats.setdefault(key, {})
             for c, stat in by_cand.items():
-                if c in mine:
-                    mine[c].merge(stat)
-                else:
-                    mine[c] = stat
+                add_stat(mine, c, stat)
         for key, why in other.problems.items():
             self.problems.setdefault(key, why)
 

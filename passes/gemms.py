@@ -95,10 +95,8 @@ class GraphGemm:
 
 
 def blocking_problem(k, fmt_name: str) -> str | None:
-    """Why a GEMM with reduction size ``k`` cannot take ``fmt_name`` blocks (None when it can)."""
+    """Why a GEMM with reduction size ``k`` cannot take blocks of the block format ``fmt_name``."""
     fmt = get_format(fmt_name)
-    if not fmt.quantized:
-        return None
     if isinstance(k, int):
         return f"K={k} is not a multiple of the {fmt.name} block {fmt.block_size}" if k % fmt.block_size else None
     if not statically_known_true(k % fmt.block_size == 0):
