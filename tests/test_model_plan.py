@@ -218,3 +218,16 @@ def test_compiled_forward_method_finds_its_model():
     m(*tokens(batch=2, ctx=16, vocab=64)).backward()
     plan = autoprec.plan(m)
     assert ("blocks.1.mlp.fc2", "wgrad", 0) in keys(plan) and plan.not_compiled == []
+
+
+def test_auto_calibrates_all_graph_break_frames_into_one_plan():
+    """Every frame of a model with graph breaks is measured in the same calibration step and planned
+    once: every GEMM has its scores and an auto decision, each key once."""
+    c = torch.compile(gpt(graph_break=True), backend="autoprec")
+    for _ in range(2):
+        c(*tokens(batch=4, ctx=16, vocab=64)).backward()
+    plan = autoprec.plan(c)
+    assert len(keys(plan)) == len(set(keys(plan))) and len({d.module for d in plan.decisions}) >= 10
+    assert all(d.err is not None and d.reason.startswith("auto (") for d in plan.decisions)
+    budget = [d for d in plan.decisions if "fastest within budget" in d.reason]
+    assert len(budget) == len(plan.decisions)
