@@ -32,7 +32,7 @@ def main() -> None:
     import triton.testing
 
     from autoprec.kernels import quantize
-    from autoprec.kernels.quantized import sr_bits
+    from autoprec.kernels.random_bits import sr_bits
 
     n = args.size
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

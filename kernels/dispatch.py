@@ -23,7 +23,8 @@ from autoprec.kernels.hadamard_ref import rht_ref
 from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
-from autoprec.kernels.quantized import QuantizedTensor, sr_bits
+from autoprec.kernels.quantized import QuantizedTensor
+from autoprec.kernels.random_bits import sr_bits
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

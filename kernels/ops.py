@@ -11,14 +11,9 @@ from autoprec.formats import BF16, NVFP4, get_format
 from autoprec.kernels import dispatch
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
+from autoprec.kernels.random_bits import sr_stream
 
 Tensor = torch.Tensor
-
-
-def sr_stream(seed: int, step: int) -> int:
-    """The SR seed of one quantization: the GEMM operand's ``seed`` (< 2**31) and the model's call
-    counter ``step`` (< 2**32) packed into one 63-bit integer, so no two (GEMM, step) pairs share bits."""
-    return (seed << 32) | (step & 0xFFFFFFFF)
 
 
 def _stored_shape(shape, axis: int) -> list:
@@ -32,7 +27,7 @@ def quantize(
     rht_seed: int, step: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8. With SR,
-    the bits come from ``seed`` and ``step`` (the model's call counter when the forward ran: a
+    the bits hash ``seed`` and ``step`` (the model's call counter when the forward ran: a
     backward quantization reads the step of its own forward, so each micro-batch draws fresh bits).
     The RHT signs come from ``rht_seed``."""
     if rounding == "sr":

@@ -6,7 +6,8 @@ import torch
 from autoprec.formats import BF16, NVFP4, Format, get_format
 from autoprec.kernels.mxfp8_ref import check_mx_format, dequantize_mxfp8_ref, quantize_mxfp8_ref
 from autoprec.kernels.nvfp4_ref import dequantize_nvfp4_ref, quantize_nvfp4_ref
-from autoprec.kernels.quantized import QuantizedTensor, check_blocks, sr_bits
+from autoprec.kernels.quantized import QuantizedTensor, check_blocks
+from autoprec.kernels.random_bits import sr_bits
 
 ROUNDINGS = ("rne", "sr")
 

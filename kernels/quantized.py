@@ -8,8 +8,6 @@ import torch
 from autoprec.formats import Format
 from autoprec.kernels.mode import kernel_mode
 
-SR_SEED_BITS = 24
-
 
 @dataclass(frozen=True)
 class QuantizedTensor:
@@ -107,8 +105,3 @@ def reference_core(fn):
         _COMPILED[fn] = run
     return _COMPILED[fn]
 
-
-def sr_bits(shape: torch.Size | tuple[int, ...], seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Reproducible random bits for stochastic rounding: int32 in [0, 2**24), one per value."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return torch.randint(0, 1 << SR_SEED_BITS, tuple(shape), generator=gen, dtype=torch.int32, device=device)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import ElementType
+from autoprec.kernels.random_bits import SR_BITS
 
 SIGN_MASK = -0x80000000  # 0x80000000 as an int32
 ABS_MASK = 0x7FFFFFFF
 MAGIC_RNE = 8388608.0  # 2**23: adding and subtracting it rounds an fp32 in [0, 2**23) to an integer, RNE
-SR_BITS = 24  # random bits consumed per stochastically rounded value
 FLT_MAX = torch.finfo(torch.float32).max
 CANONICAL_NAN = float("nan")  # 0x7FC00000: NaN payloads and signs are not kept
 

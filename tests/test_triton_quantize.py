@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels.quantize_triton import quantize_triton
-from autoprec.kernels.quantized import sr_bits
+from autoprec.kernels.random_bits import sr_bits
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

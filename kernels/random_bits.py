@@ -1,0 +1,50 @@
+"""Stochastic rounding's random bits: a counter-based hash of (stream, element index).
+
+The bits of element ``i`` of a quantization are ``hash(stream, i)``, with ``i`` the element's row-major
+index in the tensor's own layout. Being a pure function of integers, the same bits come out on CPU and
+GPU, in torch and in a kernel that computes them in place (the fused C quantizer does: no random-number
+state, no pass over memory). The hash is Wellons' ``lowbias32`` finaliser applied twice; in torch every
+product is formed from 16-bit halves, so int64 arithmetic stays exact (no signed overflow).
+"""
+from __future__ import annotations
+
+import torch
+
+SR_BITS = 24  # random bits consumed per stochastically rounded value
+M32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+
+
+def sr_stream(seed: int, step: int) -> int:
+    """The stream of one quantization: the GEMM operand's ``seed`` (< 2**31) and the model's call
+    counter ``step`` (< 2**32) packed into one 63-bit integer, so no two (GEMM, step) pairs share bits."""
+    return (seed << 32) | (step & M32)
+
+
+def _mul32(x, c: int):
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) without an intermediate above 2**49."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & M32
+
+
+def mix32(x):
+    """lowbias32: a bijection of [0, 2**32) with strong avalanche (ints or int64 tensors)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x21F0AAAD)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x735A2D97)
+    return x ^ (x >> 15)
+
+
+def stream_keys(stream: int) -> tuple[int, int]:
+    """Two 32-bit keys of a 63-bit stream."""
+    k1 = mix32((stream & M32) ^ mix32((stream >> 32) & M32))
+    return k1, mix32(k1 ^ GOLDEN)
+
+
+def sr_bits(shape: torch.Size | tuple[int, ...], seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Stochastic rounding's bits for a tensor of ``shape``: int32 in [0, 2**24), one per element, from
+    the 63-bit stream ``seed``."""
+    k1, k2 = stream_keys(seed)
+    idx = torch.arange(int(torch.Size(shape).numel()), dtype=torch.int64, device=device).reshape(shape)
+    h = mix32(mix32((idx & M32) ^ k1) ^ k2 ^ (idx >> 32))
+    return (h >> (32 - SR_BITS)).to(torch.int32)
