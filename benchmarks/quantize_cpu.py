@@ -1,4 +1,5 @@
-"""CPU throughput of the reference quantize + dequantize per format, next to a plain bf16 copy.
+"""CPU cost of quantize + dequantize per format: the fused C kernels (the default on CPU) and the
+pure-torch reference, in ns per element, next to a plain bf16 copy.
 
     OMP_NUM_THREADS=1 python benchmarks/quantize_cpu.py [--size 4096] [--repeats 3]
 
@@ -14,12 +15,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from autoprec.kernels import dequantize_ref, quantize_ref  # noqa: E402
+from autoprec.kernels import dequantize, dequantize_ref, quantize, quantize_ref, rht_ref  # noqa: E402
 
 CASES = [
     ("nvfp4 1x16 rne", "nvfp4", {}),
     ("nvfp4 16x16 rne", "nvfp4", {"tile2d": True}),
     ("nvfp4 1x16 sr", "nvfp4", {"rounding": "sr"}),
+    ("nvfp4 1x16 sr+rht", "nvfp4", {"rounding": "sr", "rht": True}),
     ("mxfp8 e4m3 rceil", "mxfp8", {}),
     ("mxfp8 e4m3 floor", "mxfp8", {"scale_mode": "floor"}),
     ("mxfp8 e5m2 rceil", "mxfp8_e5m2", {}),
@@ -43,14 +45,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     x = torch.randn(args.size, args.size, generator=torch.Generator().manual_seed(0))
-    gb = x.numel() * 4 / 1e9
+    n = x.numel()
     print(f"{args.size}x{args.size} fp32, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-    print(f"{'path':<22}{'ms':>10}{'GB/s':>9}{'x bf16 copy':>13}")
-    ref = best_seconds(lambda: x.to(torch.bfloat16), args.repeats)
-    print(f"{'x.to(bfloat16)':<22}{ref * 1e3:>10.1f}{gb / ref:>9.2f}{1.0:>13.1f}")
+    print(f"{'quantize + dequantize':<24}{'fused ns/elt':>13}{'GB/s':>8}{'ref ns/elt':>12}{'x bf16 copy':>13}")
+    copy = best_seconds(lambda: x.to(torch.bfloat16), args.repeats)
+    print(f"{'x.to(bfloat16)':<24}{copy / n * 1e9:>13.2f}{n * 4 / 1e9 / copy:>8.2f}{'':>12}{1.0:>13.1f}")
     for name, fmt, opts in CASES:
-        t = best_seconds(lambda: dequantize_ref(quantize_ref(x, fmt, **opts)), args.repeats)
-        print(f"{name + ' q+dq':<22}{t * 1e3:>10.1f}{gb / t:>9.2f}{t / ref:>13.1f}")
+        fused = best_seconds(lambda: dequantize(quantize(x, fmt, **opts)), args.repeats)
+        ref_opts = {k: v for k, v in opts.items() if k != "rht"}
+        src = rht_ref(x, -1) if opts.get("rht") else x
+        reference = best_seconds(lambda: dequantize_ref(quantize_ref(src, fmt, **ref_opts)), args.repeats)
+        print(f"{name:<24}{fused / n * 1e9:>13.2f}{n * 4 / 1e9 / fused:>8.2f}{reference / n * 1e9:>12.2f}"
+              f"{fused / copy:>13.1f}")
 
 
 if __name__ == "__main__":

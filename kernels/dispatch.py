@@ -75,6 +75,11 @@ def quantize(
     """Quantize ``x`` along ``axis`` (``quantize_ref``'s options), with the RHT along ``axis`` first
     when ``rht`` is set (fused into the Triton kernel)."""
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
+    if rand is None and _use_cpu_fused(x):
+        from autoprec.kernels.cpu_fused import quantize_cpu
+
+        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, tile2d=tile2d,
+                            scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
     if rounding == "sr" and rand is None:
         rand = sr_bits(x.shape, seed, x.device)
     rand = rand if rounding == "sr" else None
@@ -89,8 +94,22 @@ def quantize(
 
 
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
-    """fp32 values of ``q`` (elementwise, so the reference serves every device)."""
+    """fp32 values of ``q``: the fused CPU kernel, else the reference (elementwise, any device)."""
+    if _use_cpu_fused(q.codes):
+        from autoprec.kernels.cpu_fused import dequantize_cpu
+
+        return dequantize_cpu(q)
     return dequantize_ref(q)
+
+
+def _use_cpu_fused(x: torch.Tensor) -> bool:
+    """The fused C kernels serve non-empty CPU tensors in ``auto`` mode, when they could be built."""
+    if kernel_mode() != "auto" or x.device.type != "cpu" or x.numel() == 0 or x.dtype not in TRITON_DTYPES + (
+            torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
+        return False
+    from autoprec.kernels.cpu_fused import unavailable_reason
+
+    return unavailable_reason() is None
 
 
 def scaled_mm_supports(a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
@@ -157,5 +176,5 @@ def _reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
 
 
 def _values(x: QuantizedTensor | torch.Tensor) -> torch.Tensor:
-    return dequantize_ref(x) if isinstance(x, QuantizedTensor) else x.to(torch.float32)
+    return dequantize(x) if isinstance(x, QuantizedTensor) else x.to(torch.float32)
 

@@ -33,6 +33,11 @@ def nvfp4_encode_scale(amax_t: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, s_enc, torch.ones_like(s_enc))
 
 
+def scale_to_block(s_enc: torch.Tensor) -> torch.Tensor:
+    """S_enc · fp32(1/6): the factor from a block amax to its E4M3 scale before rounding."""
+    return s_enc * ONE_SIXTH.to(s_enc.device)
+
+
 def _tile(x: torch.Tensor, tile_rows: int) -> torch.Tensor:
     """(..., K) -> (..., K/16, 16) blocks, or (R, K) -> (R/16, K/16, 256) tiles."""
     if tile_rows == 1:
@@ -88,7 +93,7 @@ def nvfp4_core(
     amax_b, bad = block_amax(blocks)
     s_enc = nvfp4_encode_scale(amax_b.amax())
     s_dec = 1.0 / s_enc
-    s_b = round_to_element(amax_b * (s_enc * ONE_SIXTH.to(xm.device)), E4M3)
+    s_b = round_to_element(amax_b * scale_to_block(s_enc), E4M3)
     s_b = torch.where(bad, float("nan"), s_b)
     e_b = torch.clamp(1.0 / (s_b * s_dec), max=FLT_MAX)
     rt = None if r is None else _tile(r, tile_rows)

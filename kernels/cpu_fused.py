@@ -1,0 +1,202 @@
+"""The fused CPU quantizer: ``csrc/quantize_cpu.c`` built on first use with the system C compiler and
+called through ctypes. Bit-identical to the pure-torch references (the suite compares them on edge
+data for every format and option). NVFP4's tensor scale S_enc is the reference's own torch code; the
+per-block scale chains (E4M3 scales, E8M0 exponents) and the per-element work (RHT, rounding with the
+SR bits hashed in place, packing, decoding) are C loops that repeat the references' fp32 operations.
+
+``AUTOPREC_CC`` names the compiler (default ``cc``); the library is cached under ``AUTOPREC_CACHE``
+(default ``~/.cache/autoprec``), keyed by the source, flags, compiler and CPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
+from autoprec.kernels.mxfp8_ref import MX_BLOCK
+from autoprec.kernels.nvfp4_ref import BLOCK, nvfp4_encode_scale, scale_to_block
+from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
+from autoprec.kernels.random_bits import stream_keys
+from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode
+
+SOURCE = Path(__file__).with_name("csrc") / "quantize_cpu.c"
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-shared", "-fPIC"]
+_I64, _F32, _U32, _INT, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
+SIGNATURES = {
+    "block_amax": [_PTR, _I64, _I64, _I64, _PTR, _PTR],
+    "mx_scales": [_PTR, _PTR, _I64, _F32, _INT, _INT, _PTR, _PTR],
+    "nvfp4_round_pack": [_PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR],
+    "mx_round_encode": [_PTR, _I64, _I64, _PTR, _INT, _INT, _F32, _INT, _U32, _U32, _I64, _PTR],
+    "nvfp4_scales": [_PTR, _PTR, _I64, _F32, _F32, _PTR, _PTR],
+    "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _F32, _PTR],
+    "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _PTR],
+    "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
+}
+
+
+def _cpu_key() -> str:
+    try:
+        flags = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")][:1]
+    except OSError:
+        flags = []
+    return "".join(flags)
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    """The built library, or None and why it could not be built."""
+    cc = os.environ.get("AUTOPREC_CC", "cc")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return None, f"no C compiler ({cc}: {exc}); set AUTOPREC_CC"
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(FLAGS + [version, _cpu_key()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("AUTOPREC_CACHE", Path.home() / ".cache" / "autoprec"))
+    lib = cache / f"quantize_cpu_{key}.so"
+    if not lib.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            out = Path(tmp) / lib.name
+            run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
+            if run.returncode:
+                return None, f"{cc} failed to build {SOURCE.name}: {run.stderr.strip()[:300]}"
+            os.replace(out, lib)
+    dll = ctypes.CDLL(str(lib))
+    for name, args in SIGNATURES.items():
+        getattr(dll, name).argtypes = args
+        getattr(dll, name).restype = None
+    return dll, None
+
+
+def unavailable_reason() -> str | None:
+    """Why the fused CPU kernels cannot run here (None when they can)."""
+    return _library()[1]
+
+
+def _lib() -> ctypes.CDLL:
+    dll, why = _library()
+    if dll is None:
+        raise RuntimeError(f"autoprec fused CPU kernels unavailable: {why}")
+    return dll
+
+
+def _call(name: str, *args) -> None:
+    """Call C function ``name``; tensors pass as data pointers (``args`` keeps them alive for the call)."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and not a.is_contiguous():
+            raise ValueError(f"{name}: tensor arguments must be contiguous")
+    getattr(_lib(), name)(*[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def _layout(x: torch.Tensor, axis: int) -> tuple[int, int]:
+    """(rows, inner): rows of the moved (rows, K) view and the size after the block axis, which maps a
+    moved position back to its index in x for the SR bits."""
+    k = x.shape[axis]
+    rows = x.numel() // k if k else 0
+    return rows, int(torch.Size(x.shape[axis + 1:]).numel())
+
+
+def _sr_keys(seed: int | None) -> tuple[int, int, int]:
+    if seed is None:
+        return 0, 0, 0
+    k1, k2 = stream_keys(seed)
+    return 1, int(k1), int(k2)
+
+
+def _rht(xm: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
+    m = rht_matrix(rht_signs() if signs is None else signs)
+    coef_t = m.t().contiguous()  # coef_t[j, i] = H[i, j] * s_j
+    y = torch.empty_like(xm)
+    _call("rht16", xm, xm.numel() // xm.shape[-1], xm.shape[-1], coef_t, y)
+    return y
+
+
+def _amax(xm: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block amax over the finite values and the uint8 flags of blocks holding NaN/Inf (the C
+    function works in 16-blocks and pairs them for 32, so its buffers hold a 16-block each)."""
+    rows, k = xm.numel() // xm.shape[-1], xm.shape[-1]
+    amax = torch.empty(rows * (k // BLOCK), dtype=torch.float32)
+    bad = torch.empty(amax.shape, dtype=torch.uint8)
+    _call("block_amax", xm, rows, k, block, amax, bad)
+    shape = xm.shape[:-1] + (k // block,)
+    n = rows * (k // block)
+    return amax[:n].view(shape), bad[:n].view(shape)
+
+
+def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's scale chain (``nvfp4_core``) with the per-block part in C: S_enc and its factor
+    come from the reference's own functions."""
+    s_enc = nvfp4_encode_scale(amax.amax())
+    s_dec = 1.0 / s_enc
+    s_b, e_b = torch.empty_like(amax), torch.empty_like(amax)
+    _call("nvfp4_scales", amax, bad, amax.numel(), float(scale_to_block(s_enc)), float(s_dec), s_b, e_b)
+    return s_b, e_b, s_dec
+
+
+def _tile_rows(t: torch.Tensor, reduce) -> torch.Tensor:
+    """(R, K/16) per-row-block values -> (R/16, K/16) per 16x16 tile."""
+    return reduce(t.unflatten(0, (-1, BLOCK)), 1)
+
+
+def quantize_cpu(
+    x: torch.Tensor, fmt: Format, axis: int, *, seed: int | None = None, tile2d: bool = False,
+    scale_mode: str = "rceil", rht: bool = False, rht_signs: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """``dispatch.quantize`` on CPU for a validated, non-empty input: ``seed`` (the SR stream) selects
+    stochastic rounding."""
+    axis = normalize_axis(axis, x.ndim)
+    tile_rows = BLOCK if tile2d else 1
+    xm = blocked_view(x, fmt, axis, tile_rows)
+    if rht:
+        xm = _rht(xm, rht_signs)
+    rows, inner = _layout(x, axis)
+    k = xm.shape[-1]
+    sr, k1, k2 = _sr_keys(seed)
+    if fmt is NVFP4:
+        amax, bad = _amax(xm, BLOCK)
+        if tile2d:
+            amax, bad = _tile_rows(amax, torch.amax), _tile_rows(bad, torch.amax)
+        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())
+        e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
+        codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
+        _call("nvfp4_round_pack", xm, rows, k, e_rows.contiguous(), sr, k1, k2, inner, codes)
+        return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
+    amax, bad = _amax(xm, MX_BLOCK)
+    scales, factor = torch.empty_like(bad), torch.empty_like(amax)
+    _call("mx_scales", amax, bad, amax.numel(), fmt.elem.max, fmt.elem.emax, int(scale_mode == "floor"), scales, factor)
+    elems = torch.empty(xm.shape, dtype=torch.uint8)
+    _call("mx_round_encode", xm, rows, k, factor, fmt.elem.mbits, fmt.elem.bias, fmt.elem.max, sr, k1, k2, inner,
+          elems)
+    return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, x.shape)
+
+
+@functools.cache
+def _decode_table(fmt: Format) -> torch.Tensor:
+    """fp32 value of every element code: the 16 E2M1 codes, or torch's conversion of the 256 FP8 bytes."""
+    if fmt is NVFP4:
+        return e2m1_decode(torch.arange(16, dtype=torch.uint8))
+    return torch.arange(256, dtype=torch.uint8).view(fmt.elem.torch_dtype).to(torch.float32)
+
+
+def dequantize_cpu(q: QuantizedTensor) -> torch.Tensor:
+    """fp32 values of ``q`` in its logical layout (a view with the block axis moved back)."""
+    codes = q.codes.contiguous().view(torch.uint8)
+    k = q.shape[q.axis]
+    out = torch.empty(codes.shape[:-1] + (k,), dtype=torch.float32)
+    rows = out.numel() // k if k else 0
+    if q.fmt is NVFP4:
+        scale = q.scales.to(torch.float32)
+        scale = (scale.repeat_interleave(BLOCK, 0) if q.tile_rows > 1 else scale).contiguous()
+        _call("nvfp4_dequantize", codes, rows, k, _decode_table(NVFP4), scale, float(q.tensor_scale), out)
+    else:
+        _call("mx_dequantize", codes, rows, k, _decode_table(q.fmt), e8m0_decode(q.scales).contiguous(), out)
+    return out.movedim(-1, q.axis)
