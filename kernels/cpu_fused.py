@@ -62,15 +62,18 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     key = hashlib.sha256(src + " ".join(FLAGS + [version, _cpu_key()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("AUTOPREC_CACHE", Path.home() / ".cache" / "autoprec"))
     lib = cache / f"quantize_cpu_{key}.so"
-    if not lib.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            out = Path(tmp) / lib.name
-            run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
-            if run.returncode:
-                return None, f"{cc} failed to build {SOURCE.name}: {run.stderr.strip()[:300]}"
-            os.replace(out, lib)
-    dll = ctypes.CDLL(str(lib))
+    try:
+        if not lib.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then moved: safe across processes
+                out = Path(tmp) / lib.name
+                run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
+                if run.returncode:
+                    return None, f"{cc} failed to build {SOURCE.name}: {run.stderr.strip()[:300]}"
+                os.replace(out, lib)
+        dll = ctypes.CDLL(str(lib))
+    except OSError as exc:
+        return None, f"cannot build or load {lib} ({exc}); set AUTOPREC_CACHE to a writable folder"
     for name, args in SIGNATURES.items():
         getattr(dll, name).argtypes = args
         getattr(dll, name).restype = None

@@ -68,3 +68,16 @@ def test_without_a_compiler_the_reference_runs(monkeypatch, tmp_path):
         assert bits_equal(dispatch.quantize(x, "mxfp8").codes, quantize_ref(x, "mxfp8").codes)
     finally:
         cpu_fused._library.cache_clear()
+
+
+def test_an_unwritable_cache_is_named(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("AUTOPREC_CACHE", str(blocker / "cache"))  # below a file: cannot be created
+    cpu_fused._library.cache_clear()
+    try:
+        assert "AUTOPREC_CACHE" in cpu_fused.unavailable_reason()
+        x = torch.randn(32, 64)
+        assert bits_equal(dispatch.quantize(x, "nvfp4").codes, quantize_ref(x, "nvfp4").codes)
+    finally:
+        cpu_fused._library.cache_clear()
