@@ -112,16 +112,15 @@ class Calibration:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
         exact = exact / scale
+        energy, sign, mean_abs = _dot(exact, exact), exact.sign(), exact.abs().mean()  # shared by the candidates
         has_weight = tag.weight_operand is not None
         errors = {}
         out = self.stats.setdefault(tag.key, {})
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c, tag.weight_operand):
                 continue
-            diff = self.emulate(a32, b32, bias32, c, tag).double() / scale - exact
-            stat = Stat(_ratio(diff.pow(2).sum(), exact.pow(2).sum()),
-                        _ratio((diff * exact.sign()).mean(), exact.abs().mean()))
-            add_stat(out, c, stat)
+            diff = self.emulate(a32, b32, bias32, c, tag).double().div_(scale).sub_(exact)
+            add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs)))
             errors[c] = diff
         if role is MatmulRole.FPROP:
             self._fwd_error[tag.pair] = (tag.key, exact, errors)
@@ -135,11 +134,13 @@ class Calibration:
         if grad.shape != exact.shape:
             return
         grad = grad.double()
-        g2 = (grad / _scale_of(grad)).pow(2)
-        denom = (g2 * exact.pow(2)).sum()
+        g = grad / _scale_of(grad)
+        ge = g * exact
+        denom = _dot(ge, ge)
         stats = self.stats[fprop_key]
         for c, diff in errors.items():
-            stats[c].add_loss(_ratio((g2 * diff.pow(2)).sum(), denom))
+            gd = g * diff
+            stats[c].add_loss(_ratio(_dot(gd, gd), denom))
         del self._fwd_error[pair]
 
     def merge(self, other: "Calibration") -> None:
@@ -169,6 +170,11 @@ def _scale_of(t: torch.Tensor) -> torch.Tensor:
     float64, so neither overflow (inputs near 1e20) nor underflow (near 1e-30) distorts them."""
     m = t.abs().max()
     return torch.where(m > 0, m, torch.ones_like(m))
+
+
+def _dot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Σ x·y over all elements in one pass (float64 BLAS dot)."""
+    return torch.dot(x.reshape(-1), y.reshape(-1))
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
