@@ -32,9 +32,8 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c
 _I64, _F32, _U32, _INT, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "block_amax": [_PTR, _I64, _I64, _I64, _PTR, _PTR],
-    "mx_scales": [_PTR, _PTR, _I64, _F32, _INT, _INT, _PTR, _PTR],
     "nvfp4_round_pack": [_PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR],
-    "mx_round_encode": [_PTR, _I64, _I64, _PTR, _INT, _INT, _F32, _INT, _U32, _U32, _I64, _PTR],
+    "mx_quantize": [_PTR, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _PTR, _PTR],
     "nvfp4_scales": [_PTR, _PTR, _I64, _F32, _F32, _PTR, _PTR],
     "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _F32, _PTR],
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _PTR],
@@ -173,12 +172,11 @@ def quantize_cpu(
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
         _call("nvfp4_round_pack", xm, rows, k, e_rows.contiguous(), sr, k1, k2, inner, codes)
         return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
-    amax, bad = _amax(xm, MX_BLOCK)
-    scales, factor = torch.empty_like(bad), torch.empty_like(amax)
-    _call("mx_scales", amax, bad, amax.numel(), fmt.elem.max, fmt.elem.emax, int(scale_mode == "floor"), scales, factor)
     elems = torch.empty(xm.shape, dtype=torch.uint8)
-    _call("mx_round_encode", xm, rows, k, factor, fmt.elem.mbits, fmt.elem.bias, fmt.elem.max, sr, k1, k2, inner,
-          elems)
+    scales = torch.empty(xm.shape[:-1] + (k // MX_BLOCK,), dtype=torch.uint8)
+    e = fmt.elem
+    _call("mx_quantize", xm, rows, k, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
+          elems, scales)
     return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, x.shape)
 
 

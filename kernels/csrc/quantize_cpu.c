@@ -98,8 +98,8 @@ void nvfp4_scales(const float *amax, const uint8_t *bad, int64_t n, float f, flo
 
 /* mxfp8_ref's E8M0 exponents from block amaxes: RCEIL clamp(ceil(log2(amax / max)), -127, 127) from the bits
  * of the fp32 quotient, or FLOOR floor(log2 amax) - emax; the scale byte (255 where bad) and 2**-e. */
-void mx_scales(const float *amax, const uint8_t *bad, int64_t n, float maxv, int32_t emax, int floor_mode,
-               uint8_t *scales, float *factor) {
+static void mx_scales(const float *amax, const uint8_t *bad, int64_t n, float maxv, int32_t emax, int floor_mode,
+                      uint8_t *scales, float *factor) {
     for (int64_t i = 0; i < n; i++) {
         int32_t e;
         if (floor_mode) {
@@ -183,17 +183,21 @@ static void mx_chunk(const float *restrict x, const float *restrict f, const uin
     }
 }
 
-/* MXFP8 elements: bytes of round(x * factor_b) on the element grid. */
-void mx_round_encode(const float *x, int64_t R, int64_t K, const float *factor, int32_t mbits, int32_t bias,
-                     float maxv, int sr, uint32_t k1, uint32_t k2, int64_t inner, uint8_t *out) {
-    float f[CHUNK];
+/* MXFP8 in one pass over x: per row chunk (in L1) the block amaxes, the E8M0 scales and the elements. */
+void mx_quantize(const float *x, int64_t R, int64_t K, int32_t mbits, int32_t bias, float maxv, int32_t emax,
+                 int floor_mode, int sr, uint32_t k1, uint32_t k2, int64_t inner, uint8_t *out, uint8_t *scales) {
+    float f[CHUNK], amax[CHUNK / 16], factor[CHUNK / 32];
+    uint8_t bad[CHUNK / 16];
     uint32_t rnd[CHUNK];
     for (int64_t r = 0; r < R; r++) {
         uint64_t base = (uint64_t)((r / inner) * K * inner + r % inner);
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
-            chunk_setup(factor + r * (K / 32), k0, n, 32, sr, k1, k2, base, (uint64_t)inner, f, rnd);
-            mx_chunk(x + r * K + k0, f, rnd, n, mbits, bias, maxv, sr, out + r * K + k0);
+            const float *xc = x + r * K + k0;
+            block_amax(xc, 1, n, 32, amax, bad);
+            mx_scales(amax, bad, n / 32, maxv, emax, floor_mode, scales + (r * K + k0) / 32, factor);
+            chunk_setup(factor, 0, n, 32, sr, k1, k2, base + (uint64_t)k0 * (uint64_t)inner, (uint64_t)inner, f, rnd);
+            mx_chunk(xc, f, rnd, n, mbits, bias, maxv, sr, out + r * K + k0);
         }
     }
 }
