@@ -99,12 +99,14 @@ def _call(name: str, *args) -> None:
     getattr(_lib(), name)(*[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
 
 
-def _layout(x: torch.Tensor, axis: int) -> tuple[int, int]:
-    """(rows, inner): rows of the moved (rows, K) view and the size after the block axis, which maps a
-    moved position back to its index in x for the SR bits."""
+def _layout(x: torch.Tensor, axis: int) -> tuple[int, int, int]:
+    """(rows, K, inner) for the C loops: the moved (rows, K) view and the size after the block axis,
+    which maps a moved position back to its index in x for the SR bits. With the block axis last
+    (inner 1) the view is one long row: blocks never straddle rows, and the loops run longer."""
     k = x.shape[axis]
     rows = x.numel() // k if k else 0
-    return rows, int(torch.Size(x.shape[axis + 1:]).numel())
+    inner = int(torch.Size(x.shape[axis + 1:]).numel())
+    return (1, rows * k, 1) if inner == 1 else (rows, k, inner)
 
 
 def _sr_keys(seed: int | None) -> tuple[int, int, int]:
@@ -160,7 +162,7 @@ def quantize_cpu(
     xm = blocked_view(x, fmt, axis, tile_rows)
     if rht:
         xm = _rht(xm, rht_signs)
-    rows, inner = _layout(x, axis)
+    rows, n, inner = _layout(x, axis)
     k = xm.shape[-1]
     sr, k1, k2 = _sr_keys(seed)
     if fmt is NVFP4:
@@ -170,12 +172,12 @@ def quantize_cpu(
         s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
-        _call("nvfp4_round_pack", xm, rows, k, e_rows.contiguous(), sr, k1, k2, inner, codes)
+        _call("nvfp4_round_pack", xm, rows, n, e_rows.contiguous(), sr, k1, k2, inner, codes)
         return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
     elems = torch.empty(xm.shape, dtype=torch.uint8)
     scales = torch.empty(xm.shape[:-1] + (k // MX_BLOCK,), dtype=torch.uint8)
     e = fmt.elem
-    _call("mx_quantize", xm, rows, k, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
+    _call("mx_quantize", xm, rows, n, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
           elems, scales)
     return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, x.shape)
 
