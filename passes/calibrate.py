@@ -1,13 +1,15 @@
 """Calibration: run the partitioned graphs in high precision through an fx Interpreter and measure,
 for every GEMM and candidate configuration, the error the rewrite would make.
 
-Per GEMM and candidate: relative error ``|Ŷ-Y|²/|Y|²`` (noise), relative bias
-``mean((Ŷ-Y)·sign(Y)) / mean|Y|`` (signed error against the signal), and for fprop GEMMs the
-loss-aware score ``Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y²``, with ∂L/∂Y taken from the gradient operand of the
-same site's backward GEMMs when they run. Ŷ comes from the same quantize / scaled_mm calls the
-rewritten graph makes, so what is measured is what will run. The sums are taken in float64 on values
-divided by the exact product's max, so the scores do not depend on the data's scale. A GEMM whose
-operands hold NaN/Inf is not measured: its ``problems`` entry says so, and the plan runs it in BF16.
+Per GEMM and candidate (on at most ``SAMPLED_ROWS`` evenly spaced output rows: the operands are
+quantized whole, only the product and its error statistics are sampled): relative error
+``|Ŷ-Y|²/|Y|²`` (noise), relative bias ``mean((Ŷ-Y)·sign(Y)) / mean|Y|`` (signed error against the
+signal), and for fprop GEMMs the loss-aware score ``Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y²``, with ∂L/∂Y taken
+from the gradient operand of the same site's backward GEMMs when they run. Ŷ comes from the same
+quantize calls the rewritten graph makes, so what is measured is what will run. The sums are taken in
+float64 on values divided by the exact product's max, so the scores do not depend on the data's scale.
+A GEMM whose operands hold NaN/Inf is not measured: its ``problems`` entry says so, and the plan runs
+it in BF16.
 """
 from __future__ import annotations
 
@@ -84,20 +86,33 @@ class Calibration:
     rht_seed: int = 0
     stats: dict[GemmKey, dict[Candidate, Stat]] = field(default_factory=dict)
     problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
-    _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor]]] = field(
+    _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor], tuple]] = field(
         default_factory=dict)
 
-    def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag) -> torch.Tensor:
-        """The product the rewritten graph would compute under candidate ``c``, in fp32."""
+    def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag,
+                rows: torch.Tensor | None = None, cache: dict | None = None) -> torch.Tensor:
+        """The product the rewritten graph would compute under candidate ``c``, in fp32; with ``rows``,
+        only those rows of it (the operands are still quantized whole, as the graph quantizes them).
+        ``cache`` shares operand quantizations between the candidates of one GEMM."""
         if c.fmt == "bf16":
-            return dispatch.scaled_mm(a.bfloat16(), b.bfloat16(), bias)
+            a16 = a.bfloat16() if rows is None else a[..., rows, :].bfloat16()
+            return dispatch.scaled_mm(a16, b.bfloat16(), bias)
         ops = []
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
-            ops.append(dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
-                                         tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
-                                         rht_signs=rht_signs(self.rht_seed)))
-        return dispatch.scaled_mm(ops[0], ops[1], bias)
+            key = (which, c.fmt, axis, rounding, tile2d, c.rht)
+            if cache is None or key not in cache:
+                q = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which], tile2d=tile2d,
+                                      scale_mode=self.mx_scale, rht=c.rht, rht_signs=rht_signs(self.rht_seed))
+                if cache is None:
+                    ops.append(q)
+                    continue
+                cache[key] = q
+            ops.append(cache[key])
+        if rows is None:
+            return dispatch.scaled_mm(ops[0], ops[1], bias)
+        y = torch.matmul(dispatch.dequantize(ops[0])[..., rows, :], dispatch.dequantize(ops[1]))
+        return y if bias is None else y + bias
 
     def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias) -> None:
         a32, b32 = a.detach().float(), b.detach().float()
@@ -107,32 +122,37 @@ class Calibration:
             self.problems[tag.key] = problem
             self._fwd_error.pop(tag.pair, None)
             return
-        exact = torch.matmul(a32.double(), b32.double()) + (0 if bias32 is None else bias32.double())
+        rows = sampled_rows(a32.shape[-2])
+        a_rows = a32 if rows is None else a32[..., rows, :]
+        exact = torch.matmul(a_rows.double(), b32.double()) + (0 if bias32 is None else bias32.double())
         if exact.numel() == 0 or a32.shape[-1] == 0:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
         exact = exact / scale
         energy, sign, mean_abs = _dot(exact, exact), exact.sign(), exact.abs().mean()  # shared by the candidates
         has_weight = tag.weight_operand is not None
-        errors = {}
+        errors, cache = {}, {}
         out = self.stats.setdefault(tag.key, {})
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c, tag.weight_operand):
                 continue
-            diff = self.emulate(a32, b32, bias32, c, tag).double().div_(scale).sub_(exact)
+            diff = self.emulate(a32, b32, bias32, c, tag, rows, cache).double().div_(scale).sub_(exact)
             add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs)))
             errors[c] = diff
         if role is MatmulRole.FPROP:
-            self._fwd_error[tag.pair] = (tag.key, exact, errors)
+            full_shape = (*a32.shape[:-1], b32.shape[-1])
+            self._fwd_error[tag.pair] = (tag.key, exact, errors, full_shape)
         elif tag.grad_operand is not None and tag.pair in self._fwd_error:
             self._loss_scores(tag.pair, (a32, b32)[tag.grad_operand])
 
     def _loss_scores(self, pair: tuple[int, int], grad: torch.Tensor) -> None:
-        fprop_key, exact, errors = self._fwd_error[pair]
-        if grad.shape != exact.shape:
+        fprop_key, exact, errors, full_shape = self._fwd_error[pair]
+        if grad.shape != full_shape:
             grad = grad.transpose(-1, -2)
-        if grad.shape != exact.shape:
+        if grad.shape != full_shape:
             return
+        rows = sampled_rows(grad.shape[-2])  # the rows the forward's error was measured on
+        grad = grad if rows is None else grad[..., rows, :]
         grad = grad.double()
         g = grad / _scale_of(grad)
         ge = g * exact
@@ -157,6 +177,17 @@ class Calibration:
         its forward errors that no backward scored."""
         for pair in [p for p in self._fwd_error if p[0] == graph]:
             del self._fwd_error[pair]
+
+
+SAMPLED_ROWS = 256
+
+
+def sampled_rows(m: int) -> torch.Tensor | None:
+    """The output rows calibration measures a GEMM on: every k-th of ``m`` rows (tokens for fprop and
+    dgrad, output features for wgrad) so that at most ``SAMPLED_ROWS`` remain; None keeps all. The
+    operands are quantized whole, so each measured row is exactly what the graph computes."""
+    step = -(-m // SAMPLED_ROWS)
+    return None if step <= 1 else torch.arange(0, m, step)
 
 
 def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:

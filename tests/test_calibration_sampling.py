@@ -1,0 +1,42 @@
+"""Calibration measures each GEMM on a sample of its output rows; the operands are still quantized whole."""
+import pytest
+import torch
+
+import autoprec
+from autoprec.passes import calibrate
+from autoprec.passes.calibrate import sampled_rows
+
+from gpt_model import TinyGPT, tokens
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def test_sampled_rows():
+    assert sampled_rows(256) is None and sampled_rows(100) is None
+    rows = sampled_rows(1024)
+    assert rows.tolist() == list(range(0, 1024, 4))
+    assert len(sampled_rows(1000)) <= calibrate.SAMPLED_ROWS
+
+
+def calibrated_rows(monkeypatch, sampled: int) -> dict:
+    monkeypatch.setattr(calibrate, "SAMPLED_ROWS", sampled)
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, d=64, layers=1, heads=2, ctx=64)
+    compiled = torch.compile(model, backend="autoprec", options={"recipe": "auto"})
+    compiled(*tokens(batch=16, ctx=64, vocab=64)).backward()  # 1024 tokens: every 8th row at 128
+    plan = autoprec.plan(compiled)
+    torch._dynamo.reset()
+    return {(d.module, d.role): d for d in plan.decisions}
+
+
+def test_sampled_scores_track_the_full_measurement(monkeypatch):
+    """Errors, biases and loss-aware scores from 1 row in 8 stay close to those from every row."""
+    full, sampled = calibrated_rows(monkeypatch, 10**9), calibrated_rows(monkeypatch, 128)
+    assert full.keys() == sampled.keys()
+    for key, d in full.items():
+        s = sampled[key]
+        assert s.err == pytest.approx(d.err, rel=0.25), key
+        assert abs(s.bias - d.bias) <= 0.25 * abs(d.bias) + 0.1 * d.err ** 0.5, key
+        assert (s.loss is None) == (d.loss is None), key
+        if d.loss is not None:
+            assert s.loss == pytest.approx(d.loss, rel=0.5), key
