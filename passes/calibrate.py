@@ -14,7 +14,7 @@ it in BF16.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.fx as fx
@@ -24,6 +24,7 @@ from rich.progress import Progress
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
 from autoprec.kernels.hadamard_ref import rht_signs
+from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.passes.candidates import Candidate, measured, operand_config
 from autoprec.passes.gemms import GemmKey
 from autoprec.roles import MatmulRole
@@ -111,7 +112,7 @@ class Calibration:
             ops.append(cache[key])
         if rows is None:
             return dispatch.scaled_mm(ops[0], ops[1], bias)
-        y = torch.matmul(dispatch.dequantize(ops[0])[..., rows, :], dispatch.dequantize(ops[1]))
+        y = torch.matmul(_row_values(ops[0], rows), dispatch.dequantize(ops[1]))
         return y if bias is None else y + bias
 
     def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias) -> None:
@@ -190,9 +191,20 @@ def sampled_rows(m: int) -> torch.Tensor | None:
     return None if step <= 1 else torch.arange(0, m, step)
 
 
+def _row_values(q: QuantizedTensor, rows: torch.Tensor) -> torch.Tensor:
+    """fp32 values of ``rows`` of a matmul's first operand (blocked along its last dim): only those rows
+    are decoded, unless 16-row tiles tie rows together."""
+    if q.tile_rows > 1:
+        return dispatch.dequantize(q)[..., rows, :]
+    shape = torch.Size((*q.shape[:-2], len(rows), q.shape[-1]))
+    return dispatch.dequantize(replace(q, codes=q.codes[..., rows, :], scales=q.scales[..., rows, :], shape=shape))
+
+
 def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
-    """Which operands hold NaN/Inf (None when all are finite)."""
-    bad = [name for name, t in (("a", a), ("b", b), ("bias", bias)) if t is not None and not torch.isfinite(t).all()]
+    """Which operands hold NaN/Inf (None when all are finite): a float64 sum of fp32 values cannot
+    overflow, so it is finite exactly when every value is (one pass, nothing materialised)."""
+    bad = [name for name, t in (("a", a), ("b", b), ("bias", bias))
+           if t is not None and not torch.isfinite(t.sum(dtype=torch.float64))]
     return f"calibration saw NaN/Inf in operand {' and '.join(bad)}" if bad else None
 
 
