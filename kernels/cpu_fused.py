@@ -124,16 +124,13 @@ def _rht(xm: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
     return y
 
 
-def _amax(xm: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-block amax over the finite values and the uint8 flags of blocks holding NaN/Inf (the C
-    function works in 16-blocks and pairs them for 32, so its buffers hold a 16-block each)."""
+def _amax(xm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per 16-block amax over the finite values and the uint8 flags of blocks holding NaN/Inf."""
     rows, k = xm.numel() // xm.shape[-1], xm.shape[-1]
-    amax = torch.empty(rows * (k // BLOCK), dtype=torch.float32)
+    amax = torch.empty(xm.shape[:-1] + (k // BLOCK,), dtype=torch.float32)
     bad = torch.empty(amax.shape, dtype=torch.uint8)
-    _call("block_amax", xm, rows, k, block, amax, bad)
-    shape = xm.shape[:-1] + (k // block,)
-    n = rows * (k // block)
-    return amax[:n].view(shape), bad[:n].view(shape)
+    _call("block_amax", xm, rows, k, BLOCK, amax, bad)
+    return amax, bad
 
 
 def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -166,7 +163,7 @@ def quantize_cpu(
     k = xm.shape[-1]
     sr, k1, k2 = _sr_keys(seed)
     if fmt is NVFP4:
-        amax, bad = _amax(xm, BLOCK)
+        amax, bad = _amax(xm)
         if tile2d:
             amax, bad = _tile_rows(amax, torch.amax), _tile_rows(bad, torch.amax)
         s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())

@@ -98,17 +98,15 @@ class Calibration:
         if c.fmt == "bf16":
             a16 = a.bfloat16() if rows is None else a[..., rows, :].bfloat16()
             return dispatch.scaled_mm(a16, b.bfloat16(), bias)
+        cache = {} if cache is None else cache
         ops = []
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             key = (which, c.fmt, axis, rounding, tile2d, c.rht)
-            if cache is None or key not in cache:
-                q = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which], tile2d=tile2d,
-                                      scale_mode=self.mx_scale, rht=c.rht, rht_signs=rht_signs(self.rht_seed))
-                if cache is None:
-                    ops.append(q)
-                    continue
-                cache[key] = q
+            if key not in cache:
+                cache[key] = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
+                                               tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
+                                               rht_signs=rht_signs(self.rht_seed))
             ops.append(cache[key])
         if rows is None:
             return dispatch.scaled_mm(ops[0], ops[1], bias)
