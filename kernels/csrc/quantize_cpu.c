@@ -1,33 +1,36 @@
-/* Fused CPU quantization for autoprec: one pass per step over the data, no temporaries.
+/* Fused CPU quantization for autoprec (loaded by kernels/cpu_fused.py through ctypes).
  *
- * Every function mirrors the pure-torch reference (kernels/*_ref.py) operation for operation in fp32,
- * so the results are bit-identical; the per-block scale chain stays in torch (it touches 1/16 or 1/32
- * of the values). Inputs are contiguous fp32 (rows, K) views with the block axis last. Stochastic
- * rounding's bits are the hash of kernels/random_bits.py, computed in place. Built with
- * -ffp-contract=off: no fused multiply-add may change a rounding.
+ * Every function repeats the pure-torch reference (kernels/*_ref.py) operation for operation in fp32,
+ * so the results are bit-identical; only NVFP4's tensor scale S_enc is left to the reference's torch
+ * code. Inputs are contiguous fp32 (rows, K) views with the block axis last. Stochastic rounding's bits
+ * are the hash of kernels/random_bits.py, computed in place. Built with -ffp-contract=off: no fused
+ * multiply-add may change a rounding. Loops are written so that gcc -O3 vectorizes them (flat loops
+ * over row chunks with per-element factors set up first).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-static inline __attribute__((always_inline)) uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline __attribute__((always_inline)) float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline __attribute__((always_inline)) float pow2(int32_t e) { return float_of((uint32_t)(e + 127) << 23); }
-static inline __attribute__((always_inline)) int32_t floor_log2(float a) { return (int32_t)((bits_of(a) >> 23) & 0xFF) - 127; }
+#define INLINE static inline __attribute__((always_inline))
 
-static inline __attribute__((always_inline)) uint32_t mix32(uint32_t x) {
+INLINE uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+INLINE float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+INLINE float pow2(int32_t e) { return float_of((uint32_t)(e + 127) << 23); }
+INLINE int32_t floor_log2(float a) { return (int32_t)((bits_of(a) >> 23) & 0xFF) - 127; }
+
+INLINE uint32_t mix32(uint32_t x) {
     x ^= x >> 16; x *= 0x21F0AAADu; x ^= x >> 15; x *= 0x735A2D97u; return x ^ (x >> 15);
 }
 
 /* The 24 SR bits of the element whose index in the original layout is idx. The element at (row r,
  * column k) of the moved (rows, K) view has idx = (r / inner) * K * inner + r % inner + k * inner, with
  * inner the size of the dims after the block axis. */
-static inline __attribute__((always_inline)) uint32_t sr_hash(uint32_t k1, uint32_t k2, uint64_t idx) {
+INLINE uint32_t sr_hash(uint32_t k1, uint32_t k2, uint64_t idx) {
     return mix32(mix32((uint32_t)idx ^ k1) ^ k2 ^ (uint32_t)(idx >> 32)) >> 8;
 }
 
 /* rounding_ref.round_to_element: fp32 onto the grid (mbits, emin, max), RNE or SR; canonical NaN. */
-static inline __attribute__((always_inline)) float round_to_element(float x, int32_t mbits, int32_t emin, float maxv, int sr, uint32_t rand) {
+INLINE float round_to_element(float x, int32_t mbits, int32_t emin, float maxv, int sr, uint32_t rand) {
     uint32_t xb = bits_of(x);
     float a = float_of(xb & 0x7FFFFFFFu);
     a = a > maxv ? maxv : a;                      /* torch.clamp(max=): NaN stays NaN */
@@ -47,7 +50,7 @@ static inline __attribute__((always_inline)) float round_to_element(float x, int
     return x != x ? float_of(0x7FC00000u) : out;
 }
 
-static inline __attribute__((always_inline)) uint8_t e2m1_encode(float v) {
+INLINE uint8_t e2m1_encode(float v) {
     uint32_t b = bits_of(v);
     float a = float_of(b & 0x7FFFFFFFu);
     int32_t exp_field = (int32_t)((b >> 23) & 0xFF);
@@ -57,7 +60,7 @@ static inline __attribute__((always_inline)) uint8_t e2m1_encode(float v) {
 
 /* Per block of `block` values along K: max |x| over the finite values, and whether any is NaN/Inf.
  * Non-negative floats order as their bits, so the max runs on integers (and vectorizes). */
-static inline __attribute__((always_inline)) void amax_blocks(const float *x, int64_t nblocks, int block, float *amax, uint8_t *bad) {
+INLINE void amax_blocks(const float *x, int64_t nblocks, int block, float *amax, uint8_t *bad) {
     const uint32_t *u = (const uint32_t *)x;
     for (int64_t i = 0; i < nblocks; i++) {
         uint32_t m = 0, nf = 0;
@@ -84,8 +87,8 @@ void block_amax(const float *x, int64_t R, int64_t K, int64_t block, float *amax
         }
 }
 
-/* nvfp4_ref.nvfp4_block_scales after S_enc: s_b = E4M3(amax * f) (NaN where bad), e_b = min(1/(s_b*s_dec), FLT_MAX),
- * with f = S_enc * fp32(1/6). */
+/* nvfp4_ref.nvfp4_core's scale chain after S_enc: s_b = E4M3(amax * f) (NaN where bad) and
+ * e_b = min(1/(s_b*s_dec), FLT_MAX), with f = S_enc * fp32(1/6). */
 void nvfp4_scales(const float *amax, const uint8_t *bad, int64_t n, float f, float s_dec, float *s_b, float *e_b) {
     for (int64_t i = 0; i < n; i++) {
         float s = round_to_element(amax[i] * f, 3, -6, 448.0f, 0, 0);
@@ -117,7 +120,7 @@ static void mx_scales(const float *amax, const uint8_t *bad, int64_t n, float ma
 }
 
 /* An fp32 value on an FP8 grid (E4M3FN: bias 7; E5M2: bias 15; NaN 0x7F) as its byte. */
-static inline __attribute__((always_inline)) uint8_t fp8_encode(float v, int32_t mbits, int32_t bias) {
+INLINE uint8_t fp8_encode(float v, int32_t mbits, int32_t bias) {
     uint32_t b = bits_of(v);
     uint32_t sign = (b >> 24) & 0x80;
     float a = float_of(b & 0x7FFFFFFFu);
