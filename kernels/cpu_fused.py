@@ -5,7 +5,8 @@ per-block scale chains (E4M3 scales, E8M0 exponents) and the per-element work (R
 SR bits hashed in place, packing, decoding) are C loops that repeat the references' fp32 operations.
 
 ``AUTOPREC_CC`` names the compiler (default ``cc``); the library is cached under ``AUTOPREC_CACHE``
-(default ``~/.cache/autoprec``), keyed by the source, flags, compiler and CPU.
+(default ``~/.cache/autoprec``, or the temp dir without a home directory), keyed by the source, flags,
+compiler and CPU.
 """
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ def _cpu_key() -> str:
     return "".join(flags)
 
 
+def _cache_dir() -> Path:
+    """``AUTOPREC_CACHE``, else ``~/.cache/autoprec``, else (no home directory) a folder under the temp dir."""
+    if os.environ.get("AUTOPREC_CACHE"):
+        return Path(os.environ["AUTOPREC_CACHE"])
+    try:
+        return Path.home() / ".cache" / "autoprec"
+    except RuntimeError:
+        return Path(tempfile.gettempdir()) / "autoprec-cache"
+
+
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     """The built library, or None and why it could not be built."""
@@ -59,7 +70,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"no C compiler ({cc}: {exc}); set AUTOPREC_CC"
     src = SOURCE.read_bytes()
     key = hashlib.sha256(src + " ".join(FLAGS + [version, _cpu_key()]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("AUTOPREC_CACHE", Path.home() / ".cache" / "autoprec"))
+    cache = _cache_dir()
     lib = cache / f"quantize_cpu_{key}.so"
     try:
         if not lib.exists():
