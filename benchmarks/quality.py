@@ -4,8 +4,7 @@
 
 Prints per recipe the final validation loss per seed, the paired gap vs bf16 (mean over seeds, in %),
 the projected GB300 GEMM speedup and NVFP4 FLOP share from the plan, and CPU seconds per step (the
-quantization is emulated on CPU, by default with AUTOPREC_KERNELS=ref_inductor: the bit-exact
-reference compiled by inductor; its one-off compiles fall in the first runs). Writes
+quantization is emulated on CPU by the fused C kernels, bit-exact with the reference). Writes
 benchmarks/out/quality.json, quality_loss.png (loss curves) and quality_formats.png (the per-layer
 format map of each recipe). The defaults finish in a few minutes on two cores; --layers 4 --d 128
 --ctx 128 --steps 400 is the larger setting.
@@ -20,7 +19,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("AUTOPREC_KERNELS", "ref_inductor")  # bit-identical to the eager reference, faster
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 

@@ -1,4 +1,5 @@
-"""The one place that picks an implementation: Triton on CUDA, the reference on CPU.
+"""The one place that picks an implementation: Triton on CUDA, the fused C kernels on CPU
+(``cpu_fused``; the reference where they cannot be built, with the reason in ``unavailable_reason()``).
 
 The block-scaled matmul on Triton runs on tensor cores (tiles decoded to bf16 in registers, a bf16
 ``tl.dot``: ``wgmma`` on sm_90, ``tcgen05`` on sm_100) whenever the decode is exact, else the fp32
@@ -6,8 +7,8 @@ kernel (MXFP8 scale exponents at the edge of bf16's range). Blackwell's native b
 (``scaled_mm`` with swizzled scales, ``tl.dot_scaled``) is not used yet.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
-reference, ``=ref_inductor`` the reference compiled by inductor (bit-identical, faster CPU emulation),
-``auto`` (or unset) chooses by device. A forced Triton run that a kernel does not support
+reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.
+All are bit-identical. A forced Triton run that a kernel does not support
 raises with the kernel's reason; in ``auto`` mode such a call runs the reference, which is bit-exact
 with the kernel, so nothing is lost but speed.
 """
