@@ -124,7 +124,7 @@ def _sr_keys(seed: int | None) -> tuple[int, int, int]:
     if seed is None:
         return 0, 0, 0
     k1, k2 = stream_keys(seed)
-    return 1, int(k1), int(k2)
+    return 1, k1, k2
 
 
 def _rht(xm: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:

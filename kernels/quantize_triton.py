@@ -21,7 +21,7 @@ from autoprec.kernels.numerics_triton import (
     pow2,
     round_to_element,
 )
-from autoprec.kernels.nvfp4_ref import ONE_SIXTH, nvfp4_encode_scale
+from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 
 BLOCK_R = 16
@@ -198,7 +198,7 @@ def quantize_triton(
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
         scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
         scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
-        _nvfp4_kernel[grid](m, mt, r_m, codes, scales, s_enc * ONE_SIXTH.to(x.device), s_dec,
+        _nvfp4_kernel[grid](m, mt, r_m, codes, scales, scale_to_block(s_enc), s_dec,
                             n_rows, k, m.stride(0), m.stride(1), r_m.stride(0), r_m.stride(1),
                             TILE2D=tile2d, **common)
         return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec.reshape(()),
