@@ -76,13 +76,13 @@ def main() -> None:
             rows.append(("torchao MXFP8 emulated", step_seconds(model, args)))
         except Exception as exc:
             why_not = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    bf16 = dict(rows)["autoprec bf16"]
+    table = dict(rows)
+    bf16 = table["autoprec bf16"]
     print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}; median of {args.steps} steps; "
           f"AUTOPREC_KERNELS={os.environ.get('AUTOPREC_KERNELS', 'auto')}")
     print(f"{'path':<28}{'s/step':>10}{'x autoprec bf16':>17}")
     for name, sec in rows:
         print(f"{name:<28}{sec:>10.4f}{sec / bf16:>17.2f}")
-    table = dict(rows)
     print(f"NVFP4 plan / BF16 plan: {table['autoprec nvfp4'] / bf16:.2f}x (target <= 1.5x); "
           f"MXFP8: {table['autoprec mxfp8'] / bf16:.2f}x (target <= 1.3x); "
           f"auto calibration step: {table['autoprec auto (calibrating)'] / bf16:.2f}x (target <= 3x)")
