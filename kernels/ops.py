@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import BF16, NVFP4, get_format
-from autoprec.kernels import dispatch
+from autoprec.kernels import dispatch, grouped
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import sr_stream
@@ -104,3 +104,23 @@ def scaled_mm(
 @scaled_mm.register_fake
 def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_rows, bias, out_dtype):
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
+
+
+@torch.library.custom_op("autoprec::grouped_mm", mutates_args=())
+def grouped_mm(
+    a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,
+    rht: bool, seed_a: int, seed_b: int, scale_mode: str, rht_seed: int, step: Tensor, out_dtype: torch.dtype,
+) -> Tensor:
+    """``grouped.grouped_mm`` (an experts GEMM, see its layouts) in ``fmt``: ``exact`` (the traced op's
+    product), ``bf16`` or a block format, each group quantized on its own with SR streams from
+    ``seed_a`` / ``seed_b`` and ``step``."""
+    return grouped.grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b,
+                              rht=rht, rht_signs=rht_signs(rht_seed) if rht else None, seeds=(seed_a, seed_b),
+                              step=int(step), scale_mode=scale_mode, out_dtype=out_dtype)
+
+
+@grouped_mm.register_fake
+def _(a, b, offs, fmt, rounding_a, rounding_b, tile2d_b, rht, seed_a, seed_b, scale_mode, rht_seed, step, out_dtype):
+    layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
+    groups = b.shape[0] if layout == "2d3d" else (a.shape[0] if layout == "3d3d" else offs.shape[0])
+    return a.new_empty(grouped.grouped_output_shape(a.shape, b.shape, layout, groups), dtype=out_dtype)

@@ -21,6 +21,12 @@ def sr_stream(seed: int, step: int) -> int:
     return (seed << 32) | (step & M32)
 
 
+def group_seed(seed: int, group: int) -> int:
+    """The operand seed of group ``group`` of a grouped GEMM (one expert's tokens or weight): each group is
+    quantized on its own, so each draws its own stream; stays below 2**31 like the seeds it derives from."""
+    return mix32((seed & M32) ^ mix32((group + GOLDEN) & M32)) >> 1
+
+
 def _mul32(x, c: int):
     """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) without an intermediate above 2**49."""
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & M32

@@ -1,0 +1,113 @@
+"""Grouped GEMMs (mixture-of-experts experts): ``aten._grouped_mm``'s semantics, exact or quantized.
+
+Layouts (``offs`` holds the cumulative end of each group along the token dim):
+
+- ``2d3d``: a (T, K) tokens sorted by expert, b (E, K, N) expert weights -> (T, N); fprop and dgrad.
+- ``2d2d``: a (M, T), b (T, N), groups along T, the reduction -> (E, M, N); wgrad, each expert's weight
+  gradient reduced over its own tokens.
+- ``3d3d``: a (E, M, K), b (E, K, N), no offsets -> (E, M, N); a batched product.
+
+A quantized grouped GEMM is, by definition, the dense quantized GEMM of each group: every group's
+operands are quantized on their own (so NVFP4 takes one tensor scale per expert and per token group,
+as Transformer Engine's grouped quantizer does), blocked along the reduction dim, and SR draws the
+stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks (a wgrad token group
+of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
+amax nor the product. Rows past the last offset are zero.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import get_format
+from autoprec.kernels import dispatch
+from autoprec.kernels.random_bits import group_seed, sr_stream
+
+EXACT = "exact"  # the product in the operands' dtype, as the traced op computes it
+
+
+def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
+    """The layout of a grouped product (None for one autoprec does not plan, e.g. 3d x 2d)."""
+    layout = f"{a_ndim}d{b_ndim}d"
+    if layout in ("2d3d", "2d2d") and has_offs or layout == "3d3d" and not has_offs:
+        return layout
+    return None
+
+
+def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
+    """(start, end) of each group from cumulative ends ``offs`` over a dim of size ``total``."""
+    ends = [int(e) for e in offs.tolist()]
+    starts = [0] + ends[:-1]
+    if any(e < s for s, e in zip(starts, ends)) or (ends and (ends[0] < 0 or ends[-1] > total)):
+        raise ValueError(f"grouped_mm: offsets {ends} must be non-decreasing and within 0..{total}")
+    return list(zip(starts, ends))
+
+
+def grouped_output_shape(a_shape, b_shape, layout: str, groups: int) -> tuple:
+    if layout == "2d3d":
+        return (a_shape[0], b_shape[-1])
+    return (groups, a_shape[-2], b_shape[-1])
+
+
+def _groups(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, layout: str):
+    """(group index, output slot, a_g (M, K), b_g (K, N)) for every group."""
+    if layout == "3d3d":
+        return [(g, g, a[g], b[g]) for g in range(a.shape[0])]
+    if layout == "2d3d":
+        bounds = group_bounds(offs, a.shape[0])
+        return [(g, slice(s, e), a[s:e], b[g]) for g, (s, e) in enumerate(bounds)]
+    bounds = group_bounds(offs, a.shape[1])
+    return [(g, g, a[:, s:e], b[s:e]) for g, (s, e) in enumerate(bounds)]
+
+
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None,
+    fmt: str = EXACT,
+    *,
+    rounding_a: str = "rne",
+    rounding_b: str = "rne",
+    tile2d_b: bool = False,
+    rht: bool = False,
+    rht_signs: torch.Tensor | None = None,
+    seeds: tuple[int, int] = (0, 0),
+    step: int = 0,
+    scale_mode: str = "rceil",
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The grouped product of ``a`` and ``b`` (see the module doc for layouts), each group run as the
+    dense GEMM ``dispatch.scaled_mm`` in ``fmt`` (``exact``: ``torch.mm`` in the operands' dtype)."""
+    layout = grouped_layout(a.ndim, b.ndim, offs is not None)
+    if layout is None:
+        raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
+                         f"{'' if offs is not None else 'out'} offsets are not a supported layout")
+    groups = b.shape[0] if layout == "2d3d" else (a.shape[0] if layout == "3d3d" else offs.shape[0])
+    out_dtype = out_dtype or a.dtype
+    out = a.new_zeros(grouped_output_shape(a.shape, b.shape, layout, groups), dtype=out_dtype)
+    for g, slot, ag, bg in _groups(a, b, offs, layout):
+        if ag.shape[0] == 0 or ag.shape[1] == 0 or bg.shape[1] == 0:
+            continue
+        if fmt == EXACT:
+            out[slot] = torch.mm(ag, bg).to(out_dtype)
+        elif not get_format(fmt).quantized:
+            out[slot] = dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)
+        else:
+            ag, bg = _pad_reduction(ag, bg, get_format(fmt).block_size)
+            qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
+            qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht,
+                           rht_signs)
+            out[slot] = dispatch.scaled_mm(qa, qb, None, out_dtype)
+    return out
+
+
+def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-pad the reduction dim (a's columns, b's rows) to a whole number of blocks."""
+    pad = -a.shape[1] % block
+    if not pad:
+        return a, b
+    return torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, 0, 0, pad))
+
+
+def _quantize(x, fmt, axis, rounding, seed, step, tile2d, scale_mode, rht, rht_signs):
+    return dispatch.quantize(x, fmt, axis, rounding=rounding, seed=sr_stream(seed, step) if rounding == "sr" else 0,
+                             tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
