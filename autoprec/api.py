@@ -37,15 +37,18 @@ def plan(model: torch.nn.Module) -> Plan:
     ]
     eager = set(result.not_compiled)
     result.unplanned_params = [
-        (_full(name, pn), _why_unplanned(state, _full(name, pn)))
-        for name, m in root.named_modules() if name not in eager
+        (_full(name, pn), EAGER_WHY if name in eager else _why_unplanned(state, _full(name, pn)))
+        for name, m in root.named_modules()
         for pn, p in m.named_parameters(recurse=False)
-        if p.ndim >= 2 and _full(name, pn) in seen and _full(name, pn) not in weights
+        if p.ndim >= 2 and _full(name, pn) not in weights and (name in eager or _full(name, pn) in seen)
     ]
     if result.not_compiled and reasons:
         result.notes += [f"dynamo ran code eagerly: {r}" for r in reasons]
     result.notes += _annotation_notes(root)
     return result
+
+
+EAGER_WHY = "ran eagerly (after a graph break or in a skipped frame): its GEMMs are not seen"
 
 
 def _why_unplanned(state, name: str) -> str:

@@ -32,6 +32,7 @@ from autoprec.passes.classify_roles import classify_roles
 from autoprec.passes.find_matmuls import find_matmuls
 from autoprec.passes.gemms import GraphGemm, graph_gemms, key_seeds
 from autoprec.passes.group_sites import Site, group_sites
+from autoprec.passes.normalize_grouped import normalize_grouped
 from autoprec.passes.rewrite import rewrite_matmuls
 from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
@@ -154,6 +155,7 @@ class _Variant:
         if num_fwd_outputs is not None:
             outs = gm.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
             grads = {outs[i] for i, _ in params if i < len(outs) and isinstance(outs[i], fx.Node)}
+        runner.run("normalize_grouped", normalize_grouped, gm, self._step(gm))
         matmuls = runner.run("find_matmuls", find_matmuls, gm.graph)
         infos = runner.run("classify_roles", classify_roles, gm.graph, matmuls, {n for _, n in params}, grads)
         sites = runner.run("group_sites", group_sites, infos)
@@ -209,7 +211,7 @@ class _Variant:
             if not g.spec.sdpa and g.spec.key not in forced:
                 g.info.mm.node.meta[TAG] = GemmTag(g.spec.key, (id(self), g.pair),
                                                    g.info.grad_operand, g.info.weight_operand,
-                                                   key_seeds(self.opts.seed, g.spec.key))
+                                                   key_seeds(self.opts.seed, g.spec.key), g.info.mm.layout)
         self._rewrite(gm, num_fwd_outputs, gemms, forced, runner)
 
     def _plan_and_rewrite(self, gm: fx.GraphModule, num_fwd_outputs: int | None) -> None:

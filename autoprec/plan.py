@@ -10,8 +10,8 @@ from autoprec.cost import HARDWARE, get_hardware
 from autoprec.formats import FORMATS, get_format
 from autoprec.roles import MatmulRole
 
-SCHEMA_VERSION = 2  # 2 added weight_shape; version 1 files still load (without the shape check)
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # 2 added weight_shape, 3 groups / group_tokens; older files still load
+READABLE_VERSIONS = (1, 2, 3)
 ROUNDINGS = ("rne", "sr")
 REQUIRED = ("site", "module", "role", "shape", "batch", "fmt")
 
@@ -53,6 +53,9 @@ FIELD_RULES = {
     "err": (lambda v: v is None or is_real(v), "a number or null"),
     "bias": (lambda v: v is None or is_real(v), "a number or null"),
     "loss": (lambda v: v is None or is_real(v), "a number or null"),
+    "groups": (lambda v: v is None or (is_int(v) and v > 0), "a positive int or null"),
+    "group_tokens": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(is_real, v))),
+                     "a list of numbers or null"),
 }
 
 
@@ -66,6 +69,8 @@ class Decision:
     applies to the gradient operand (weights and activations always round to nearest), ``tile2d`` to
     the weight. ``err``/``bias``/``loss`` are the calibrated scores of the
     chosen configuration; ``seconds`` and ``bf16_seconds`` its projected time and the BF16 time.
+    A grouped (experts) GEMM has ``groups`` experts, each group quantized on its own, and
+    ``group_tokens``: each expert's mean token count in calibration (what ``seconds`` is costed at).
     """
 
     site: int
@@ -91,6 +96,8 @@ class Decision:
     err: float | None = None
     bias: float | None = None
     loss: float | None = None
+    groups: int | None = None
+    group_tokens: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name, (ok, valid) in FIELD_RULES.items():
@@ -105,7 +112,8 @@ class Decision:
 
     @property
     def mnk(self) -> str:
-        return (f"{self.batch}*" if self.batch else "") + "x".join(self.shape)
+        experts = f"{self.groups} experts: " if self.groups else ""
+        return experts + (f"{self.batch}*" if self.batch else "") + "x".join(self.shape)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -125,7 +133,8 @@ class Decision:
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}; a decision needs {', '.join(REQUIRED)}")
-        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape", "graphs") if isinstance(d.get(k), list)}
+        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape", "graphs", "group_tokens")
+                  if isinstance(d.get(k), list)}
         try:
             return cls(**{**d, **tuples})
         except (TypeError, ValueError) as exc:
@@ -159,6 +168,20 @@ class Plan:
              _score(d.loss), ",".join(d.graphs) or "-", d.reason)
             for d in self.decisions
         ]
+
+    def experts_lines(self) -> list[str]:
+        """One line per experts module: its expert count and the tokens each expert saw in calibration."""
+        lines, seen = [], set()
+        for d in self.decisions:
+            if not d.groups or d.module in seen or str(d.role) != "fprop":
+                continue
+            seen.add(d.module)
+            tokens = (", ".join(f"{t:.0f}" for t in d.group_tokens) if d.group_tokens
+                      else "not measured (costed as an even split)")
+            lines.append(f"experts {d.module or '<root>'}: {d.groups} experts, each group quantized on its own "
+                         f"(NVFP4: a tensor scale per expert; wgrad token groups zero-padded to whole blocks); "
+                         f"tokens per expert in calibration: {tokens}")
+        return lines
 
     def role_counts(self) -> dict[str, int]:
         counts = {str(r): 0 for r in MatmulRole}
@@ -197,6 +220,9 @@ class Plan:
                 f"{self.projected_speedup():.2f}x; weights {wq / 1e6:.3f} MB (BF16 {wb / 1e6:.3f} MB)")
         if self.saved_bytes:
             text += f"; saved for backward {sum(self.saved_bytes.values()) / 1e6:.3f} MB"
+        if self.not_compiled:
+            text += (f"\nthe shares cover compiled graphs only: {len(self.not_compiled)} modules ran eagerly "
+                     f"(listed below), in their own dtype, and their FLOPs are not seen")
         if self.unplanned_ops:
             ops = ", ".join(sorted({op for _, op, _ in self.unplanned_ops}))
             text += (f"\nnot planned: {len(self.unplanned_ops)} matmul-like ops autoprec does not rewrite ({ops}) "
@@ -217,6 +243,7 @@ class Plan:
         lines = [console.export_text().rstrip(), self.summary()]
         if self.not_compiled:
             lines.append("ran outside autoprec (eager, e.g. after a graph break): " + ", ".join(self.not_compiled))
+        lines += self.experts_lines()
         if self.unplanned_params:
             lines.append("parameters no planned GEMM reads: "
                          + ", ".join(f"{name} ({why})" for name, why in self.unplanned_params))

@@ -93,7 +93,7 @@ class Assigner:
             return C.BF16, f"nvfp4_nvidia: block {idx} is in the last {tail} of {self.n_blocks}, BF16"
         if idx is None and self.n_blocks and self.position.get(g.module, -1) > self.last_block_position:
             return C.BF16, "nvfp4_nvidia: head after the blocks, BF16"
-        tiles = g.has_weight and g.weight_shape is not None and len(g.weight_shape) == 2
+        tiles = g.has_weight and g.weight_shape is not None and len(g.weight_shape) == (3 if g.groups else 2)
         cand = {MatmulRole.FPROP: C.NVFP4_2D if tiles else C.NVFP4,
                 MatmulRole.DGRAD: C.NVFP4_SR_2D if tiles else C.NVFP4_SR,
                 MatmulRole.WGRAD: C.NVFP4_SR_RHT}[g.role]
@@ -142,8 +142,15 @@ class Assigner:
             if c in stats and not g.blocking.get(c.fmt):
                 d = damage(stats[c], g.role)
                 if math.isfinite(d):
-                    opts.append((c, g.seconds(c.fmt, self.hw), d))
-        return opts or [(C.BF16, g.seconds("bf16", self.hw), 0.0)]
+                    opts.append((c, self.seconds(g, c.fmt), d))
+        return opts or [(C.BF16, self.seconds(g, "bf16"), 0.0)]
+
+    def tokens(self, g: GemmSpec) -> tuple[float, ...] | None:
+        """Each expert's mean token count in calibration (grouped GEMMs only)."""
+        return self.calibration.tokens_per_group(g.key) if self.calibration and g.groups else None
+
+    def seconds(self, g: GemmSpec, fmt: str) -> float:
+        return g.seconds(fmt, self.hw, self.tokens(g))
 
     def solve(self, free: list[GemmSpec]) -> dict[GemmKey, Choice]:
         """The knapsack over ``free``; GEMMs with nothing measured take part as BF16-only items."""
@@ -157,7 +164,7 @@ class Assigner:
                 raise ValueError(f"autoprec option budget={self.opts.budget} is below even all-BF16 damage")
             goal = f"fastest within budget {self.opts.budget:.1e}/GEMM"
         else:
-            bf16 = sum(g.seconds("bf16", self.hw) for g in free)
+            bf16 = sum(self.seconds(g, "bf16") for g in free)
             limit = bf16 / self.opts.target_speedup
             picks = solve_mckp([[(d, t) for _, t, d in o] for o in options], limit)
             if picks is None:
@@ -194,9 +201,10 @@ class Assigner:
             site=site, module=g.module, role=g.role, index=g.key[2], shape=g.shape, batch=g.batch,
             fmt=c.fmt, rounding=c.rounding, rht=c.rht, tile2d=c.tile2d, reason=reason,
             seeds=key_seeds(self.opts.seed, g.key), rewritten=not (g.sdpa or g.scaled_addmm), flops=g.flops(),
-            flops_expr=g.flops_expr, seconds=g.seconds(c.fmt, self.hw), bf16_seconds=g.seconds("bf16", self.hw),
+            flops_expr=g.flops_expr, seconds=self.seconds(g, c.fmt), bf16_seconds=self.seconds(g, "bf16"),
             weight_elems=g.weight_elems(), weight_shape=g.weight_shape, err=stat.err if stat else None,
-            bias=stat.bias if stat else None, loss=stat.loss if stat else None,
+            bias=stat.bias if stat else None, loss=stat.loss if stat else None, groups=g.groups,
+            group_tokens=self.tokens(g),
         )
 
 

@@ -23,9 +23,10 @@ from rich.progress import Progress
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
+from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantizedTensor
-from autoprec.passes.candidates import Candidate, measured, operand_config
+from autoprec.passes.candidates import Candidate, grouped_config, measured, operand_config
 from autoprec.passes.gemms import GemmKey
 from autoprec.roles import MatmulRole
 
@@ -77,6 +78,7 @@ class GemmTag:
     grad_operand: int | None
     weight_operand: int | None
     seeds: tuple[int, int]
+    layout: str | None = None  # grouped (experts) GEMMs: their layout
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Calibration:
     rht_seed: int = 0
     stats: dict[GemmKey, dict[Candidate, Stat]] = field(default_factory=dict)
     problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
+    # grouped GEMMs: (sum of each expert's token count over the measurements, number of measurements)
+    group_tokens: dict[GemmKey, tuple[list[int], int]] = field(default_factory=dict)
     _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor], tuple]] = field(
         default_factory=dict)
 
@@ -113,7 +117,16 @@ class Calibration:
         y = torch.matmul(_row_values(ops[0], rows), dispatch.dequantize(ops[1]))
         return y if bias is None else y + bias
 
-    def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias) -> None:
+    def emulate_grouped(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, c: Candidate,
+                        tag: GemmTag) -> torch.Tensor:
+        """The fp32 product the rewritten grouped GEMM would compute under candidate ``c``."""
+        opts = grouped_config(c, tag.grad_operand, tag.weight_operand)
+        return grouped_mm(a, b, offs, c.fmt, **opts, rht_signs=rht_signs(self.rht_seed) if c.rht else None,
+                          seeds=tag.seeds, scale_mode=self.mx_scale, out_dtype=torch.float32)
+
+    def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias,
+                offs: torch.Tensor | None = None) -> None:
+        """Score every candidate of one GEMM on its operands (``offs``: a grouped GEMM's groups)."""
         a32, b32 = a.detach().float(), b.detach().float()
         bias32 = None if bias is None else bias.detach().float()
         problem = _non_finite(a32, b32, bias32)
@@ -121,9 +134,15 @@ class Calibration:
             self.problems[tag.key] = problem
             self._fwd_error.pop(tag.pair, None)
             return
-        rows = sampled_rows(a32.shape[-2])
-        a_rows = a32 if rows is None else a32[..., rows, :]
-        exact = torch.matmul(a_rows.double(), b32.double()) + (0 if bias32 is None else bias32.double())
+        if tag.layout is not None:
+            exact = grouped_mm(a32.double(), b32.double(), offs).flatten(0, -2)
+            rows = sampled_rows(exact.shape[0])
+            exact = exact if rows is None else exact[rows]
+            self._count_tokens(tag.key, offs)
+        else:
+            rows = sampled_rows(a32.shape[-2])
+            a_rows = a32 if rows is None else a32[..., rows, :]
+            exact = torch.matmul(a_rows.double(), b32.double()) + (0 if bias32 is None else bias32.double())
         if exact.numel() == 0 or a32.shape[-1] == 0:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
@@ -133,16 +152,36 @@ class Calibration:
         errors, cache = {}, {}
         out = self.stats.setdefault(tag.key, {})
         for c in measured(role, has_weight):
-            if not _blockable(a32, b32, c, tag.weight_operand):
+            if not _blockable(a32, b32, c, tag.weight_operand, tag.layout):
                 continue
-            diff = self.emulate(a32, b32, bias32, c, tag, rows, cache).double().div_(scale).sub_(exact)
+            if tag.layout is not None:
+                y = self.emulate_grouped(a32, b32, offs, c, tag).flatten(0, -2)
+                y = y if rows is None else y[rows]
+            else:
+                y = self.emulate(a32, b32, bias32, c, tag, rows, cache)
+            diff = y.double().div_(scale).sub_(exact)
             add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs)))
             errors[c] = diff
-        if role is MatmulRole.FPROP:
+        if role is MatmulRole.FPROP and tag.layout in (None, "2d3d"):  # rows of the output are tokens
             full_shape = (*a32.shape[:-1], b32.shape[-1])
             self._fwd_error[tag.pair] = (tag.key, exact, errors, full_shape)
         elif tag.grad_operand is not None and tag.pair in self._fwd_error:
             self._loss_scores(tag.pair, (a32, b32)[tag.grad_operand])
+
+    def _count_tokens(self, key: GemmKey, offs: torch.Tensor | None) -> None:
+        if offs is None:
+            return
+        ends = [int(e) for e in offs.tolist()]
+        sizes = [e - s for s, e in zip([0] + ends[:-1], ends)]
+        total, n = self.group_tokens.get(key, ([0] * len(sizes), 0))
+        self.group_tokens[key] = ([t + s for t, s in zip(total, sizes)], n + 1)
+
+    def tokens_per_group(self, key: GemmKey) -> tuple[float, ...] | None:
+        """Mean token count of each expert over the measurements of a grouped GEMM (None if unmeasured)."""
+        if key not in self.group_tokens:
+            return None
+        total, n = self.group_tokens[key]
+        return tuple(t / n for t in total)
 
     def _loss_scores(self, pair: tuple[int, int], grad: torch.Tensor) -> None:
         fprop_key, exact, errors, full_shape = self._fwd_error[pair]
@@ -170,6 +209,9 @@ class Calibration:
                 add_stat(mine, c, stat)
         for key, why in other.problems.items():
             self.problems.setdefault(key, why)
+        for key, (total, n) in other.group_tokens.items():
+            mine, m = self.group_tokens.get(key, ([0] * len(total), 0))
+            self.group_tokens[key] = ([x + y for x, y in zip(mine, total)], m + n)
 
     def end_run(self, graph: int) -> None:
         """A calibrating run of graph ``graph`` (its backward, or an inference call) has ended: forget
@@ -224,18 +266,21 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
-def _blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate, weight_operand: int | None) -> bool:
-    """Whether candidate ``c`` can block these operands (16x16 tiles: both dims of a 2D weight)."""
+def _blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate, weight_operand: int | None,
+               layout: str | None = None) -> bool:
+    """Whether candidate ``c`` can block these operands (16x16 tiles: both dims of a 2D weight, or of
+    each expert's weight; a grouped wgrad pads its token groups, so any K goes)."""
     f = get_format(c.fmt)
     if not f.quantized:
         return True
     k = a.shape[-1]
-    if k % f.block_size:
+    if k % f.block_size and layout != "2d2d":
         return False
     if not c.tile2d:
         return True
     w = (a, b)[weight_operand] if weight_operand is not None else None
-    return w is not None and w.ndim == 2 and all(s % 16 == 0 for s in w.shape)
+    ndim = 3 if layout is not None else 2
+    return w is not None and w.ndim == ndim and all(s % 16 == 0 for s in w.shape[-2:])
 
 
 class CalibratingInterpreter(fx.Interpreter):
@@ -251,9 +296,14 @@ class CalibratingInterpreter(fx.Interpreter):
         tag = n.meta.get(TAG)
         if tag is not None and n.op == "call_function":  # saved forward values keep the meta as placeholders
             args = [self.env[a] if isinstance(a, fx.Node) else a for a in n.args]
-            bias, a, b = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
             with torch.no_grad():
-                self.calibration.measure(tag, MatmulRole(tag.key[1]), a, b, bias)
+                if tag.layout is not None:  # aten._grouped_mm (offs may be a keyword) or autoprec.grouped_mm
+                    offs = args[2] if len(args) > 2 else n.kwargs.get("offs")
+                    offs = self.env[offs] if isinstance(offs, fx.Node) else offs
+                    self.calibration.measure(tag, MatmulRole(tag.key[1]), args[0], args[1], None, offs)
+                else:
+                    bias, a, b = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
+                    self.calibration.measure(tag, MatmulRole(tag.key[1]), a, b, bias)
             self.progress.advance(self.progress.task_ids[0])
         return result
 

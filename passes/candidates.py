@@ -69,3 +69,10 @@ def measured(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
 
 def eligible(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
     return tuple(c for c in ELIGIBLE[role] if has_weight or not c.tile2d)
+
+
+def grouped_config(choice, grad_operand: int | None, weight_operand: int | None) -> dict:
+    """``grouped.grouped_mm``'s per-operand options for a grouped GEMM run as ``choice``: each group is a
+    2D product, so the dense rules apply group by group (16x16 tiles on each expert's weight)."""
+    (_, ra, _), (_, rb, tile2d_b) = (operand_config(choice, w, 2, grad_operand, weight_operand) for w in (0, 1))
+    return {"rounding_a": ra, "rounding_b": rb, "tile2d_b": tile2d_b, "rht": choice.rht}

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
+from autoprec.kernels.grouped import EXACT, grouped_layout
+
 aten = torch.ops.aten
 MATMUL_OPS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm"}
 SDPA_NAME = "scaled_dot_product_attention"
@@ -29,6 +32,9 @@ class MatmulNode:
     seq_nr: int | None
     sdpa: bool
     stack_ids: tuple[str, ...] = ()
+    offs: fx.Node | None = None  # grouped GEMMs: the groups' cumulative ends
+    groups: int | None = None  # grouped GEMMs: the number of groups (experts)
+    layout: str | None = None  # grouped GEMMs: 2d3d, 2d2d or 3d3d (kernels/grouped.py)
 
     @property
     def name(self) -> str:
@@ -63,10 +69,49 @@ def is_fused_sdpa(node: fx.Node) -> bool:
 
 
 def find_matmuls(graph: fx.Graph) -> list[MatmulNode]:
-    """All mm / addmm / bmm nodes and fused attention kernels, in graph order (nn.Linear, ``@``,
-    F.linear and bmm-lowered einsum all reach aten as mm / addmm / bmm)."""
+    """All mm / addmm / bmm nodes, grouped (experts) GEMMs and fused attention kernels, in graph order
+    (nn.Linear, ``@``, F.linear and bmm-lowered einsum all reach aten as mm / addmm / bmm)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    return sorted(_plain_matmuls(graph) + find_fused_sdpa(graph), key=lambda mm: order[mm.node])
+    found = _plain_matmuls(graph) + find_grouped(graph) + find_fused_sdpa(graph)
+    return sorted(found, key=lambda mm: order[mm.node])
+
+
+def grouped_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, str] | None:
+    """(a, b, offs, layout) of a grouped GEMM autoprec plans: ``aten._grouped_mm`` without bias or
+    out_dtype, or an exact ``autoprec.grouped_mm`` (the normalized transformers op); None otherwise."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten._grouped_mm.default:
+        names = ("self", "mat2", "offs", "bias", "out_dtype")
+        args = {**dict(zip(names, node.args)), **node.kwargs}
+        if args.get("bias") is not None or args.get("out_dtype") is not None:
+            return None
+        a, b, offs = args["self"], args["mat2"], args.get("offs")
+    elif node.target is torch.ops.autoprec.grouped_mm.default and node.args[3] == EXACT:
+        a, b, offs = node.args[:3]
+    else:
+        return None
+    layout = grouped_layout(a.meta["val"].ndim, b.meta["val"].ndim, offs is not None)
+    return None if layout is None else (a, b, offs, layout)
+
+
+def find_grouped(graph: fx.Graph) -> list[MatmulNode]:
+    """Grouped GEMMs as (M, N, K) = (tokens, out, in) for 2d x 3d, (rows, cols, tokens) for the 2d x 2d
+    wgrad layout (its K is the total of every group's tokens), and a batch of experts for 3d x 3d."""
+    found = []
+    for node in graph.nodes:
+        ops = grouped_operands(node)
+        if ops is None:
+            continue
+        a, b, offs, layout = ops
+        av, bv = a.meta["val"], b.meta["val"]
+        groups = offs.meta["val"].shape[0] if offs is not None else av.shape[0]
+        mid, path, cls = module_entry(node)
+        found.append(MatmulNode(
+            node, a, b, None, av.shape[-2], bv.shape[-1], av.shape[-1], av.shape[0] if layout == "3d3d" else None,
+            mid, path, cls, node.meta.get("seq_nr"), False, tuple(_stack(node)), offs, groups, layout,
+        ))
+    return found
 
 
 def _plain_matmuls(graph: fx.Graph) -> list[MatmulNode]:

@@ -57,6 +57,8 @@ class GemmSpec:
     dims: tuple[int, int, int, int]
     flops_expr: str
     blocking: dict[str, str | None]
+    groups: int | None = None  # grouped (experts) GEMMs: the number of experts
+    layout: str | None = None  # grouped GEMMs: 2d3d, 2d2d or 3d3d
 
     @property
     def module(self) -> str:
@@ -66,21 +68,33 @@ class GemmSpec:
         b, m, n, k = self.dims
         return 2.0 * b * m * n * k
 
-    def seconds(self, fmt: str, hw: Hardware) -> float:
+    def seconds(self, fmt: str, hw: Hardware, tokens: tuple[float, ...] | None = None) -> float:
+        """Projected time in ``fmt``. A grouped GEMM is one GEMM per expert, each with its share of the
+        tokens: ``tokens`` per expert (calibration's counts, scaled to this graph's total), else an even
+        split; small experts are memory-bound, so a skewed routing gains less from low precision."""
         b, m, n, k = self.dims
-        return gemm_seconds(self.flops(), float(b * (m * k + k * n)), float(b * m * n), fmt, hw)
+        if self.layout not in ("2d3d", "2d2d"):
+            return gemm_seconds(self.flops(), float(b * (m * k + k * n)), float(b * m * n), fmt, hw)
+        total = m if self.layout == "2d3d" else k
+        counts = tokens if tokens and sum(tokens) > 0 else (1.0,) * self.groups
+        share = [total * c / sum(counts) for c in counts]
+        if self.layout == "2d3d":  # (t, K) x (K, N) per expert
+            return sum(gemm_seconds(2.0 * t * n * k, t * k + k * n, t * n, fmt, hw) for t in share)
+        return sum(gemm_seconds(2.0 * m * n * t, m * t + t * n, m * n, fmt, hw) for t in share)  # wgrad
 
     def weight_elems(self) -> int:
         if not self.has_weight or self.role is not MatmulRole.FPROP:
             return 0
         _, _, n, k = self.dims
-        return n * k
+        return n * k * (self.groups or 1)
 
     def tile_problem(self) -> str | None:
-        """Why this GEMM's weight cannot take 16x16 NVFP4 tiles (None when it can)."""
-        if not self.has_weight or self.weight_shape is None or len(self.weight_shape) != 2:
+        """Why this GEMM's weight cannot take 16x16 NVFP4 tiles (None when it can); an experts weight
+        (E, K, N) takes them per expert."""
+        per_expert = self.groups is not None and self.weight_shape is not None and len(self.weight_shape) == 3
+        if not self.has_weight or self.weight_shape is None or (len(self.weight_shape) != 2 and not per_expert):
             return f"16x16 tiles need a 2D weight, this one is {self.weight_shape}"
-        if any(s % 16 for s in self.weight_shape):
+        if any(s % 16 for s in self.weight_shape[-2:]):
             return f"16x16 tiles need both weight dims to be multiples of 16, weight {self.weight_shape}"
         return None
 
@@ -128,7 +142,9 @@ def graph_gemms(sites: list[Site], path_of: Callable[[Site], str], weight_ids: d
                 shape=(str(mm.m), str(mm.n), str(mm.k)), batch=None if mm.batch is None else str(mm.batch),
                 dims=(1 if mm.batch is None else _hint(mm.batch), _hint(mm.m), _hint(mm.n), _hint(mm.k)),
                 flops_expr=str(sympy.expand(2 * batch * _expr(mm.m) * _expr(mm.n) * _expr(mm.k))),
-                blocking={f: blocking_problem(mm.k, f) for f, fmt in FORMATS.items() if fmt.quantized},
+                blocking={f: None if mm.layout == "2d2d" else blocking_problem(mm.k, f)
+                          for f, fmt in FORMATS.items() if fmt.quantized},
+                groups=mm.groups, layout=mm.layout,
             )
             out.append(GraphGemm(spec, info, site.index))
     return out

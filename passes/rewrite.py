@@ -10,7 +10,7 @@ from torch._guards import detect_fake_mode
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import get_format
 from autoprec.options import CompileOptions
-from autoprec.passes.candidates import operand_config
+from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.runner import at_node
 from autoprec.plan import Decision
@@ -55,6 +55,23 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
     return [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3)]
 
 
+def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, step: fx.Node,
+             current, tag: dict) -> fx.Node:
+    """One ``autoprec.grouped_mm`` node running a grouped (experts) GEMM in the decision's format."""
+    mm = info.mm
+    cfg = grouped_config(d, info.grad_operand, info.weight_operand)
+    fmt = d.fmt if get_format(d.fmt).quantized else "bf16"
+    args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
+            cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, node.meta["val"].dtype)
+    fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
+    with detect_fake_mode([node.meta["val"]]):
+        val = autoprec_ops.grouped_mm.default(*fake_args)
+    out = _add(graph, autoprec_ops.grouped_mm.default, args, {}, node.meta, val, tag)
+    if "partitioner_tag" in node.meta:
+        out.meta["partitioner_tag"] = node.meta["partitioner_tag"]
+    return out
+
+
 def rewrite_matmuls(
     gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions,
     step: fx.Node,
@@ -74,6 +91,14 @@ def rewrite_matmuls(
         with at_node(node):
             info = infos[node]
             tag = {"site": d.site, "role": str(d.role), "format": d.fmt}
+            if info.mm.layout is not None:
+                with graph.inserting_before(node):
+                    out = _grouped(graph, node, info, d, opts, step, current, tag)
+                node.replace_all_uses_with(out)
+                graph.erase_node(node)
+                replaced[node] = out
+                count += 1
+                continue
             with graph.inserting_before(node):
                 a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
                 b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag, step)

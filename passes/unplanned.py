@@ -1,6 +1,6 @@
-"""Analysis pass: matmul-like ops that autoprec does not plan (grouped GEMMs, custom matmul ops,
-baddbmm, ...), with their FLOPs where the shapes tell them and the parameters that feed them, so the
-plan can say what it did not see instead of reporting a share of the FLOPs it did."""
+"""Analysis pass: matmul-like ops that autoprec does not plan (grouped GEMMs with a bias or a 3d x 2d
+layout, custom matmul ops, baddbmm, ...), with their FLOPs where the shapes tell them and the parameters
+that feed them, so the plan can say what it did not see instead of reporting a share of the FLOPs it did."""
 from __future__ import annotations
 
 import re
@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from autoprec.passes.classify_roles import view_source
-from autoprec.passes.find_matmuls import MATMUL_OPS, module_entry
+from autoprec.passes.find_matmuls import MATMUL_OPS, grouped_operands, module_entry
 
 aten = torch.ops.aten
 MATMUL_LIKE = {
@@ -39,6 +39,8 @@ def is_matmul_like(node: fx.Node) -> bool:
     """A matmul-like op that is not one of the mm / addmm / bmm autoprec plans."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target in MATMUL_OPS:
+        return False
+    if grouped_operands(node) is not None:  # planned as a grouped GEMM
         return False
     if target in MATMUL_LIKE:
         return True
