@@ -56,6 +56,8 @@ FIELD_RULES = {
     "groups": (lambda v: v is None or (is_int(v) and v > 0), "a positive int or null"),
     "group_tokens": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(is_real, v))),
                      "a list of numbers or null"),
+    "group_err": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(is_real, v))),
+                  "a list of numbers or null"),
 }
 
 
@@ -70,7 +72,8 @@ class Decision:
     the weight. ``err``/``bias``/``loss`` are the calibrated scores of the
     chosen configuration; ``seconds`` and ``bf16_seconds`` its projected time and the BF16 time.
     A grouped (experts) GEMM has ``groups`` experts, each group quantized on its own, and
-    ``group_tokens``: each expert's mean token count in calibration (what ``seconds`` is costed at).
+    ``group_tokens``: each expert's mean token count in calibration (what ``seconds`` is costed at), and
+    ``group_err``: each expert's relative error in the chosen configuration.
     """
 
     site: int
@@ -98,6 +101,7 @@ class Decision:
     loss: float | None = None
     groups: int | None = None
     group_tokens: tuple[float, ...] | None = None
+    group_err: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name, (ok, valid) in FIELD_RULES.items():
@@ -133,7 +137,8 @@ class Decision:
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}; a decision needs {', '.join(REQUIRED)}")
-        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape", "graphs", "group_tokens")
+        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape", "graphs", "group_tokens",
+                                                         "group_err")
                   if isinstance(d.get(k), list)}
         try:
             return cls(**{**d, **tuples})
@@ -181,6 +186,10 @@ class Plan:
             lines.append(f"experts {d.module or '<root>'}: {d.groups} experts, each group quantized on its own "
                          f"(NVFP4: a tensor scale per expert; wgrad token groups zero-padded to whole blocks); "
                          f"tokens per expert in calibration: {tokens}")
+            errs = [f"{r.role} {r.fmt} " + "/".join(f"{e:.1e}" for e in r.group_err)
+                    for r in self.decisions if r.module == d.module and r.group_err]
+            if errs:
+                lines.append("  err per expert: " + "; ".join(errs))
         return lines
 
     def role_counts(self) -> dict[str, int]:

@@ -1,13 +1,15 @@
 """Quality vs projected speed: the same GPT trained with each recipe, same seeds and data order.
 
     OMP_NUM_THREADS=1 python benchmarks/quality.py [--layers 2] [--d 64] [--ctx 64] [--steps 150] [--seeds 2]
+                                                   [--moe 8]
 
 Prints per recipe the final validation loss per seed, the paired gap vs bf16 (mean over seeds, in %),
 the projected GB300 GEMM speedup and NVFP4 FLOP share from the plan, and CPU seconds per step (the
 quantization is emulated on CPU by the fused C kernels, bit-exact with the reference). Writes
 benchmarks/out/quality.json, quality_loss.png (loss curves) and quality_formats.png (the per-layer
 format map of each recipe). The defaults finish in a few minutes on two cores; --layers 4 --d 128
---ctx 128 --steps 400 is the larger setting.
+--ctx 128 --steps 400 is the larger setting. ``--moe E`` replaces each MLP by a top-2 mixture of E experts
+(grouped GEMMs, each expert quantized on its own).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ FORMATS = ["bf16", "mxfp8", "nvfp4"]
 
 def run(recipe: str, seed: int, args, train, val, progress: Progress) -> dict:
     torch.manual_seed(seed)
-    model = TinyGPT(vocab=256, d=args.d, layers=args.layers, heads=4, ctx=args.ctx)
+    model = TinyGPT(vocab=256, d=args.d, layers=args.layers, heads=4, ctx=args.ctx, experts=args.moe)
     compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe, "budget": args.budget})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     stream = Batches(train, args.ctx, args.batch, seed=seed)
@@ -127,6 +129,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--budget", type=float, default=0.01)
+    parser.add_argument("--moe", type=int, default=0, help="experts per MoE MLP (0: dense MLPs)")
     parser.add_argument("--val-batches", type=int, default=8)
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
@@ -140,7 +143,8 @@ def main() -> None:
         for seed in seeds:
             for recipe in recipes:
                 results.append(run(recipe, seed, args, train, val, progress))
-    print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}, {args.steps} steps, "
+    kind = f"MoE GPT ({args.moe} experts, top-2)" if args.moe else "GPT"
+    print(f"{kind} {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}, {args.steps} steps, "
           f"seeds {seeds}, auto budget {args.budget}")
     print(table(results, seeds))
     (args.out / "quality.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},

@@ -1,7 +1,7 @@
 """A nanoGPT-style GPT (and an MLP) used by the examples, benchmarks and tests.
 
 Options cover what the compiler must handle: explicit or fused (SDPA) attention, a graph break
-inside each block, and a lm_head tied to the token embedding.
+inside each block, a lm_head tied to the token embedding, and mixture-of-experts MLPs.
 """
 from __future__ import annotations
 
@@ -20,6 +20,34 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts MLP: top-k routing, tokens sorted by expert, and the experts (3D parameters)
+    run as grouped GEMMs (``F.grouped_mm`` in bf16, as its CPU kernel needs; torchtitan-style)."""
+
+    def __init__(self, d: int, h: int, experts: int, top_k: int = 2) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w_in = nn.Parameter(torch.randn(experts, d, h) * d ** -0.5)
+        self.w_out = nn.Parameter(torch.randn(experts, h, d) * h ** -0.5)
+
+    @staticmethod
+    def grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return F.grouped_mm(x.bfloat16(), w.bfloat16(), offs=offs).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(flat).softmax(-1).topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        expert = chosen.reshape(-1)
+        order = torch.argsort(expert, stable=True)
+        token = order // self.top_k
+        offs = F.one_hot(expert, self.w_in.shape[0]).sum(0).cumsum(0).to(torch.int32)  # static shape: no graph break
+        y = self.grouped(F.gelu(self.grouped(flat[token], self.w_in, offs)), self.w_out, offs)
+        y = y * weights.reshape(-1)[order].unsqueeze(-1)
+        return torch.zeros_like(flat).index_add(0, token, y).view_as(x)
 
 
 class Attention(nn.Module):
@@ -42,11 +70,11 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, sdpa: bool, graph_break: bool = False) -> None:
+    def __init__(self, d: int, heads: int, sdpa: bool, graph_break: bool = False, experts: int = 0) -> None:
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = Attention(d, heads, sdpa)
-        self.mlp = MLP(d, 4 * d)
+        self.mlp = MoE(d, 2 * d, experts) if experts else MLP(d, 4 * d)
         self.graph_break = graph_break
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,14 +85,15 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """A nanoGPT-style model with a lm_head tied to the token embedding."""
+    """A nanoGPT-style model with a lm_head tied to the token embedding; ``experts`` > 0 replaces each
+    block's MLP by a top-2 mixture of that many experts of hidden size 2d (the same active FLOPs)."""
 
     def __init__(self, vocab: int = 64, d: int = 32, layers: int = 2, heads: int = 2, ctx: int = 16,
-                 sdpa: bool = False, graph_break: bool = False) -> None:
+                 sdpa: bool = False, graph_break: bool = False, experts: int = 0) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(Block(d, heads, sdpa, graph_break) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, sdpa, graph_break, experts) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight

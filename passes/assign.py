@@ -204,7 +204,7 @@ class Assigner:
             flops_expr=g.flops_expr, seconds=self.seconds(g, c.fmt), bf16_seconds=self.seconds(g, "bf16"),
             weight_elems=g.weight_elems(), weight_shape=g.weight_shape, err=stat.err if stat else None,
             bias=stat.bias if stat else None, loss=stat.loss if stat else None, groups=g.groups,
-            group_tokens=self.tokens(g),
+            group_tokens=self.tokens(g), group_err=stat.group_err if stat else None,
         )
 
 

@@ -23,7 +23,7 @@ from rich.progress import Progress
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
-from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.grouped import group_bounds, grouped_mm
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.passes.candidates import Candidate, grouped_config, measured, operand_config
@@ -43,11 +43,15 @@ class Stat:
     loss: float | None = None
     count: int = 1
     loss_count: int = 0
+    group_err: tuple[float, ...] | None = None  # grouped GEMMs: the relative error of each expert's group
 
     def merge(self, other: "Stat") -> None:
         n = self.count + other.count
         self.err = (self.err * self.count + other.err * other.count) / n
         self.bias = (self.bias * self.count + other.bias * other.count) / n
+        if self.group_err is not None and other.group_err is not None:
+            self.group_err = tuple((a * self.count + b * other.count) / n
+                                   for a, b in zip(self.group_err, other.group_err))
         self.count = n
         if other.loss is not None:
             self.add_loss(other.loss, other.loss_count)
@@ -135,9 +139,9 @@ class Calibration:
             self._fwd_error.pop(tag.pair, None)
             return
         if tag.layout is not None:
-            exact = grouped_mm(a32.double(), b32.double(), offs).flatten(0, -2)
-            rows = sampled_rows(exact.shape[0])
-            exact = exact if rows is None else exact[rows]
+            full = grouped_mm(a32.double(), b32.double(), offs)
+            rows = sampled_rows(full.flatten(0, -2).shape[0])
+            exact = full.flatten(0, -2) if rows is None else full.flatten(0, -2)[rows]
             self._count_tokens(tag.key, offs)
         else:
             rows = sampled_rows(a32.shape[-2])
@@ -154,13 +158,16 @@ class Calibration:
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c, tag.weight_operand, tag.layout):
                 continue
+            per_group = None
             if tag.layout is not None:
-                y = self.emulate_grouped(a32, b32, offs, c, tag).flatten(0, -2)
-                y = y if rows is None else y[rows]
+                y = self.emulate_grouped(a32, b32, offs, c, tag)
+                per_group = _group_errors(y.double(), full, offs, tag.layout)
+                y = y.flatten(0, -2) if rows is None else y.flatten(0, -2)[rows]
             else:
                 y = self.emulate(a32, b32, bias32, c, tag, rows, cache)
             diff = y.double().div_(scale).sub_(exact)
-            add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs)))
+            add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs),
+                                  group_err=per_group))
             errors[c] = diff
         if role is MatmulRole.FPROP and tag.layout in (None, "2d3d"):  # rows of the output are tokens
             full_shape = (*a32.shape[:-1], b32.shape[-1])
@@ -238,6 +245,15 @@ def _row_values(q: QuantizedTensor, rows: torch.Tensor) -> torch.Tensor:
         return dispatch.dequantize(q)[..., rows, :]
     shape = torch.Size((*q.shape[:-2], len(rows), q.shape[-1]))
     return dispatch.dequantize(replace(q, codes=q.codes[..., rows, :], scales=q.scales[..., rows, :], shape=shape))
+
+
+def _group_errors(y: torch.Tensor, exact: torch.Tensor, offs: torch.Tensor | None, layout: str) -> tuple[float, ...]:
+    """The relative error |Ŷ-Y|²/|Y|² of each group's output (an expert's tokens, or its weight gradient)."""
+    if layout == "2d3d":
+        parts = [(y[s:e], exact[s:e]) for s, e in group_bounds(offs, y.shape[0])]
+    else:
+        parts = list(zip(y, exact))
+    return tuple(_ratio(_dot(p - q, p - q), _dot(q, q)) for p, q in parts)
 
 
 def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:

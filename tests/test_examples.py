@@ -42,3 +42,12 @@ def test_quality_benchmark_writes_its_table_and_json(tmp_path):
     rows = {r["recipe"]: r for r in data["results"]}
     assert set(rows) == {"bf16", "nvfp4", "auto"} and rows["nvfp4"]["nvfp4_share"] > 0.9  # head dim 8: BF16
     assert rows["bf16"]["speedup"] == 1.0 and len(rows["auto"]["losses"]) == 3
+
+
+def test_quality_benchmark_moe_option(tmp_path):
+    out = run("benchmarks/quality.py", "--steps", "3", "--seeds", "1", "--layers", "1", "--d", "32", "--ctx", "32",
+              "--batch", "2", "--val-batches", "1", "--recipes", "bf16,nvfp4", "--moe", "4", "--out",
+              str(tmp_path))
+    assert "MoE GPT (4 experts, top-2)" in out
+    rows = {r["recipe"]: r for r in json.loads((tmp_path / "quality.json").read_text())["results"]}
+    assert ("blocks.0.mlp", "fprop", "nvfp4") in map(tuple, rows["nvfp4"]["formats"])

@@ -46,14 +46,18 @@ def test_gpt2_dynamic_shapes():
     assert plan.flop_share().get("mxfp8", 0) > 0.5 and len({d.key for d in plan.decisions}) == len(plan.decisions)
 
 
-def test_trainer_with_a_model_compiled_in_place():
-    """The path examples/hf_trainer.py shows: model.compile(backend="autoprec"), then Trainer."""
+@pytest.mark.parametrize("model", ["gpt2", "mixtral"])
+def test_trainer_with_a_model_compiled_in_place(model):
+    """The path examples/hf_trainer.py shows: model.compile(backend="autoprec"), then Trainer; the MoE's
+    experts are planned too."""
     pytest.importorskip("accelerate")
     from hf_trainer import train
 
-    losses, plan = train(steps=6, recipe="nvfp4")
+    losses, plan = train(steps=6, recipe="nvfp4", model_name=model)
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     assert plan.flop_share().get("nvfp4", 0) > 0.5
+    if model == "mixtral":
+        assert {d.fmt for d in plan.decisions if d.groups == 4} == {"nvfp4"} and len(plan.experts_lines()) == 2
 
 
 def test_trainer_backend_option_is_rejected_by_accelerate(tmp_path):

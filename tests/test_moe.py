@@ -57,7 +57,7 @@ def train(c, model, steps=5, lr=0.05):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_grouped_moe_block_trains_in_every_recipe(recipe):
+def test_grouped_moe_block_trains_in_every_recipe(recipe, tmp_path):
     torch.manual_seed(0)
     model = MoEBlock().bfloat16()
     c = torch.compile(model, backend="autoprec", options={"recipe": recipe})
@@ -75,9 +75,12 @@ def test_grouped_moe_block_trains_in_every_recipe(recipe):
     if recipe == "nvfp4_nvidia":  # 16x16 tiles on each expert's weight, SR on gradients, RHT on wgrad
         assert all(d.tile2d for d in rows if str(d.role) != "wgrad")
         assert all(d.rht and d.rounding == "sr" for d in rows if str(d.role) == "wgrad")
-    if recipe == "auto":  # per-expert token counts from calibration, costed per expert
+    if recipe == "auto":  # per-expert token counts and errors from calibration, costed per expert
         assert all(d.group_tokens is not None and sum(d.group_tokens) == 95 for d in rows)
+        assert all(len(d.group_err) == 4 for d in rows) and "err per expert: fprop" in text
         assert "tokens per expert in calibration: " in text
+        plan.save(tmp_path / "plan.json")
+        assert autoprec.Plan.load(tmp_path / "plan.json").decisions == plan.decisions  # schema 3 round trip
 
 
 def test_compiled_expert_gemms_are_bit_exact_with_the_grouped_kernel():
@@ -127,3 +130,17 @@ def test_unsupported_matmul_op_is_counted_and_named():
     assert "FLOPs: not planned 100%" in str(plan) and "aten.baddbmm" in str(plan)
     assert ("w", "op not supported: aten.baddbmm") in plan.unplanned_params
     assert ("emb.weight", "not a matmul (e.g. an embedding table)") in plan.unplanned_params
+
+
+def test_grouped_gemm_on_triton_kernels(monkeypatch):
+    """With the Triton kernels (interpreted here), each group's quantization is the reference's bit for bit
+    and the product agrees to the accumulation order."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    x, w = torch.randn(40, 32), torch.randn(3, 32, 16)
+    offs = torch.tensor([9, 9, 40], dtype=torch.int32)
+    got = grouped_mm(x, w, offs, "nvfp4", rounding_a="sr", seeds=(3, 4), step=2)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = grouped_mm(x, w, offs, "nvfp4", rounding_a="sr", seeds=(3, 4), step=2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
