@@ -31,11 +31,11 @@ def load_edited(path, data) -> Plan:
 
 def test_malformed_files_name_file_decision_and_field(tmp_path):
     data, path = saved_plan(tmp_path)
-    assert data["schema_version"] == 2 and all("weight_shape" in d for d in data["decisions"])
+    assert data["schema_version"] == 3 and all("weight_shape" in d and "groups" in d for d in data["decisions"])
     with pytest.raises(ValueError, match="plan.json: the top level must be a JSON object .* got a list"):
         load_edited(path, data["decisions"])
     with pytest.raises(ValueError, match="plan.json: field 'decisions' must be a list of decisions, got NoneType"):
-        load_edited(path, {"schema_version": 2})
+        load_edited(path, {"schema_version": 3})
     with pytest.raises(ValueError, match="field 'hardware' = 'a100' is not valid; valid: gb300"):
         load_edited(path, {**data, "hardware": "a100"})
     bad_fields = [("rounding", "stochastic", "expected one of rne, sr"),
@@ -44,7 +44,9 @@ def test_malformed_files_name_file_decision_and_field(tmp_path):
                   ("fmt", "fp4", "expected one of nvfp4, mxfp8"),
                   ("role", "forward", "expected one of fprop, dgrad, wgrad"),
                   ("index", "0", "expected an int"),
-                  ("weight_shape", [64, "x"], "expected a list of ints or null")]
+                  ("weight_shape", [64, "x"], "expected a list of ints or null"),
+                  ("groups", 0, "expected a positive int or null"),
+                  ("group_tokens", ["many"], "expected a list of numbers or null")]
     for field, value, valid in bad_fields:
         edited = json.loads(json.dumps(data))
         edited["decisions"][3][field] = value

@@ -211,7 +211,7 @@ def test_table_columns_and_summary():
     header = text.splitlines()[0].split()
     assert header == list(COLUMNS)
     assert "projected GEMM speedup vs BF16 on gb300" in text and "FLOPs: nvfp4 100%" in text
-    assert "pass times: find_matmuls" in text and "rewrite_matmuls" in text
+    assert "pass times: normalize_grouped" in text and "find_matmuls" in text and "rewrite_matmuls" in text
 
 
 def test_cost_model():
