@@ -1,4 +1,5 @@
-"""Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm."""
+"""Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm; each
+planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes group by group."""
 from __future__ import annotations
 
 import operator
@@ -63,10 +64,15 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     fmt = d.fmt if get_format(d.fmt).quantized else "bf16"
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
             cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, node.meta["val"].dtype)
+    return _product(graph, autoprec_ops.grouped_mm.default, args, node, tag)
+
+
+def _product(graph: fx.Graph, op, args: tuple, node: fx.Node, tag: dict) -> fx.Node:
+    """The node computing ``op(*args)`` in place of matmul ``node`` (its fake value, meta and partitioner tag)."""
     fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
     with detect_fake_mode([node.meta["val"]]):
-        val = autoprec_ops.grouped_mm.default(*fake_args)
-    out = _add(graph, autoprec_ops.grouped_mm.default, args, {}, node.meta, val, tag)
+        val = op(*fake_args)
+    out = _add(graph, op, args, {}, node.meta, val, tag)
     if "partitioner_tag" in node.meta:
         out.meta["partitioner_tag"] = node.meta["partitioner_tag"]
     return out
@@ -91,27 +97,16 @@ def rewrite_matmuls(
         with at_node(node):
             info = infos[node]
             tag = {"site": d.site, "role": str(d.role), "format": d.fmt}
-            if info.mm.layout is not None:
-                with graph.inserting_before(node):
-                    out = _grouped(graph, node, info, d, opts, step, current, tag)
-                node.replace_all_uses_with(out)
-                graph.erase_node(node)
-                replaced[node] = out
-                count += 1
-                continue
             with graph.inserting_before(node):
-                a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
-                b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag, step)
-                b_tiled = operand_config(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand)[2]
-                tile_rows = 16 if b_tiled else 1
-                out_dtype = node.meta["val"].dtype
-                args = (*a, d.fmt, *b, d.fmt, tile_rows, current(info.mm.bias), out_dtype)
-                fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
-                with detect_fake_mode([node.meta["val"]]):
-                    val = autoprec_ops.scaled_mm.default(*fake_args)
-                out = _add(graph, autoprec_ops.scaled_mm.default, args, {}, node.meta, val, tag)
-                if "partitioner_tag" in node.meta:
-                    out.meta["partitioner_tag"] = node.meta["partitioner_tag"]
+                if info.mm.layout is not None:
+                    out = _grouped(graph, node, info, d, opts, step, current, tag)
+                else:
+                    a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
+                    b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag, step)
+                    b_ndim = info.mm.b.meta["val"].ndim
+                    b_tiled = operand_config(d, 1, b_ndim, info.grad_operand, info.weight_operand)[2]
+                    args = (*a, d.fmt, *b, d.fmt, 16 if b_tiled else 1, current(info.mm.bias), node.meta["val"].dtype)
+                    out = _product(graph, autoprec_ops.scaled_mm.default, args, node, tag)
             node.replace_all_uses_with(out)
             graph.erase_node(node)
             replaced[node] = out
