@@ -137,9 +137,8 @@ class Decision:
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}; a decision needs {', '.join(REQUIRED)}")
-        tuples = {k: tuple(d[k]) for k in ("shape", "seeds", "weight_shape", "graphs", "group_tokens",
-                                                         "group_err")
-                  if isinstance(d.get(k), list)}
+        listed = ("shape", "seeds", "weight_shape", "graphs", "group_tokens", "group_err")
+        tuples = {k: tuple(d[k]) for k in listed if isinstance(d.get(k), list)}
         try:
             return cls(**{**d, **tuples})
         except (TypeError, ValueError) as exc:

@@ -42,9 +42,11 @@ def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
     return list(zip(starts, ends))
 
 
-def grouped_output_shape(a_shape, b_shape, layout: str, groups: int) -> tuple:
+def grouped_output_shape(a_shape, b_shape, offs_shape, layout: str) -> tuple:
+    """The output shape of a grouped product (sizes may be symbolic)."""
     if layout == "2d3d":
         return (a_shape[0], b_shape[-1])
+    groups = a_shape[0] if layout == "3d3d" else offs_shape[0]
     return (groups, a_shape[-2], b_shape[-1])
 
 
@@ -81,9 +83,9 @@ def grouped_mm(
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
-    groups = b.shape[0] if layout == "2d3d" else (a.shape[0] if layout == "3d3d" else offs.shape[0])
     out_dtype = out_dtype or a.dtype
-    out = a.new_zeros(grouped_output_shape(a.shape, b.shape, layout, groups), dtype=out_dtype)
+    out = a.new_zeros(grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout),
+                      dtype=out_dtype)
     for g, slot, ag, bg in _groups(a, b, offs, layout):
         if ag.shape[0] == 0 or ag.shape[1] == 0 or bg.shape[1] == 0:
             continue

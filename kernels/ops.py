@@ -122,5 +122,5 @@ def grouped_mm(
 @grouped_mm.register_fake
 def _(a, b, offs, fmt, rounding_a, rounding_b, tile2d_b, rht, seed_a, seed_b, scale_mode, rht_seed, step, out_dtype):
     layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
-    groups = b.shape[0] if layout == "2d3d" else (a.shape[0] if layout == "3d3d" else offs.shape[0])
-    return a.new_empty(grouped.grouped_output_shape(a.shape, b.shape, layout, groups), dtype=out_dtype)
+    shape = grouped.grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
+    return a.new_empty(shape, dtype=out_dtype)
