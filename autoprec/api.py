@@ -14,11 +14,12 @@ def _root(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-def plan(model: torch.nn.Module) -> Plan:
+def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
     """The precision plan of a model compiled with ``backend="autoprec"``: one row per GEMM (root-relative
     module path, role, ordinal) with the graphs it runs in. Needs at least one call of the compiled
     model; when dynamo ran all of it eagerly (a skipped frame), the plan has no rows and says which
-    modules ran eagerly and why."""
+    modules ran eagerly and why. With a ``schedule``, the rows are those of schedule phase ``phase``
+    (default: the phase running now) and every phase has a line under the table."""
     root = _root(model)
     states = plans_of(root)
     reasons = dynamo_fallback_reasons()
@@ -27,7 +28,7 @@ def plan(model: torch.nn.Module) -> Plan:
             f"no autoprec plan for this {type(root).__name__}: compile it with backend='autoprec' and call it once"
         )
     state = states[-1] if states else None
-    result = state.to_plan() if state is not None else Plan()
+    result = state.to_plan(phase) if state is not None else Plan()
     seen = state.param_names if state is not None else set()
     weights = state.weight_names if state is not None else set()
     result.not_compiled = [

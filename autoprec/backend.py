@@ -69,8 +69,10 @@ class _Variant:
         self.module_names = {str(id(m)): n for n, m in root.named_modules(remove_duplicate=False)} if root else {}
         self.label: str | None = None
         self.calibrating_fn: Callable | None = None
-        self.fn: Callable | None = None
+        self.fns: dict[int, Callable] = {}  # the planned function of each schedule phase, compiled on first need
+        self.compiling_phase = 0
         self.cal_runs = 0  # finished calibrating runs: backward passes of a training graph, or inference calls
+        self.backwards = 0  # finished backward passes (the schedule counts training steps by them)
 
     def _calibrating(self) -> bool:
         state = self.state
@@ -82,17 +84,19 @@ class _Variant:
         return True
 
     def compiled(self) -> Callable:
-        """The function for the next call: calibrating while the model's plan is open, else planned
-        (compiled on first need; the backend compiles the first one at dynamo's compile time, which
-        dynamic shapes need: AOTAutograd may ask dynamo to restart its analysis)."""
+        """The function for the next call: calibrating while the model's plan is open, else planned in the
+        schedule's current phase (compiled on first need; the backend compiles the first one at dynamo's
+        compile time, which dynamic shapes need: AOTAutograd may ask dynamo to restart its analysis)."""
         if self._calibrating():
             if self.calibrating_fn is None:
                 self.calibrating_fn = self._aot(self._partition_calibrate, self._interpreter,
                                                 self._inference_calibrate)
             return self.calibrating_fn
-        if self.fn is None:
-            self.fn = self._aot(self._partition, self._inner_compiler(), self._inference)
-        return self.fn
+        phase = self.state.phase
+        if phase not in self.fns:
+            self.compiling_phase = phase
+            self.fns[phase] = self._aot(self._partition, self._inner_compiler(), self._inference)
+        return self.fns[phase]
 
     def __call__(self, *args):
         step = torch.tensor(self.state.next_step(), dtype=torch.int64)
@@ -101,7 +105,10 @@ class _Variant:
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
         """AOTAutograd on dynamo's fake example inputs, inside dynamo's tracing context, so symbolic
         sizes stay symbolic even when this runs at a later call."""
-        bw = (lambda g, ex: compiler(g, ex, on_end=self._end_run)) if compiler == self._interpreter else compiler
+        if compiler == self._interpreter:
+            bw = lambda g, ex: compiler(g, ex, on_end=self._end_run)  # noqa: E731
+        else:
+            bw = lambda g, ex: self._counting(compiler(g, ex))  # noqa: E731
         with torch._guards.tracing(self.owner.tracing_context):
             return aot_module_simplified(self.gm, self.owner.example_inputs, fw_compiler=compiler, bw_compiler=bw,
                                          partition_fn=partition, inference_compiler=inference,
@@ -130,9 +137,25 @@ class _Variant:
 
         return compile_in_mode
 
+    def _counting(self, fn: Callable) -> Callable:
+        """A compiled backward (boxed: it takes the list of inputs) that counts the backward passes it runs."""
+        def run(args):
+            out = fn(args)
+            self._backward_done()
+            return out
+
+        run._boxed_call = True
+        return run
+
+    def _backward_done(self) -> None:
+        self.backwards += 1
+        self.state.backward_done(self.backwards)
+
     def _end_run(self) -> None:
         self.cal_runs += 1
         self.state.calibration.end_run(id(self))
+        if self.label and self.label.startswith("train"):
+            self._backward_done()
 
     def _interpreter(self, gm: fx.GraphModule, example_inputs, on_end: Callable[[], None] | None = None) -> Callable:
         """Runs ``gm`` unchanged while measuring its GEMMs; ``on_end`` closes a calibrating run."""
@@ -169,7 +192,7 @@ class _Variant:
             specs = [g.spec for g in gemms]
             if only_forced:
                 return gemms, runner.run("assign_forced", self.state.forced, specs)
-            return gemms, runner.run("assign", self.state.decide, specs, self.label)
+            return gemms, runner.run("assign", self.state.decide, specs, self.label, self.compiling_phase)
         except PassError as exc:
             self.state.failures.append(str(exc))
             warnings.warn(f"{exc}; this graph runs as traced, without autoprec's formats", UserWarning, stacklevel=2)

@@ -128,6 +128,8 @@ class ModelPlan:
         self.gathered_names: set[str] = set()  # parameters planned GEMMs read through an index (expert weights)
         self._unplanned_seen: dict[str, dict[tuple[str, str], int]] = {}
         self.calls = 0  # compiled calls of any graph of the model: the SR step
+        self.train_steps = 0  # the most backward passes any one training graph has finished: the schedule's step
+        self._phased: dict[tuple[int, GemmKey], Decision] = {}
         self.n_graphs = 0
         self._variants: list[weakref.ref] = []
         auto = opts.recipe == "auto" and opts.plan is None
@@ -191,9 +193,32 @@ class ModelPlan:
         self._add(self.assigner(specs).choose([s for s in specs if s.key not in self.decisions]))
         self.fixed = True
 
-    def decide(self, specs: list[GemmSpec], graph: str) -> dict[GemmKey, Decision]:
-        """The decision of every GEMM of a graph; one first met after the plan was fixed is decided now,
-        by the same policy, and says so."""
+    def phase_at(self, step: int) -> int:
+        """The schedule phase that runs at training step ``step`` (0: the plan before any switch)."""
+        return sum(1 for p in self.opts.schedule if step >= p["from_step"])
+
+    @property
+    def phase(self) -> int:
+        return self.phase_at(self.train_steps)
+
+    def backward_done(self, count: int) -> None:
+        """A training graph has finished its ``count``-th backward pass."""
+        self.train_steps = max(self.train_steps, count)
+
+    def phase_decision(self, key: GemmKey, phase: int) -> Decision:
+        """The decision of ``key`` in schedule phase ``phase``: the plan's, with the phases' overrides."""
+        if phase == 0:
+            return self.decisions[key]
+        if (phase, key) not in self._phased:
+            choice = self._assigner.scheduled(self.specs[key], phase)
+            base = self.decisions[key]
+            self._phased[(phase, key)] = base if choice is None else self._assigner.decision(
+                self.specs[key], choice, base.site)
+        return self._phased[(phase, key)]
+
+    def decide(self, specs: list[GemmSpec], graph: str, phase: int = 0) -> dict[GemmKey, Decision]:
+        """The decision of every GEMM of a graph in schedule phase ``phase``; one first met after the plan
+        was fixed is decided now, by the same policy, and says so."""
         self.register(specs)
         new = [s for s in specs if s.key not in self.decisions]
         if new:
@@ -203,7 +228,7 @@ class ModelPlan:
             runs = self.graphs.setdefault(s.key, [])
             if graph not in runs:
                 runs.append(graph)
-        return {s.key: self.decisions[s.key] for s in specs}
+        return {s.key: self.phase_decision(s.key, phase) for s in specs}
 
     def note_unplanned(self, graph: str, module: str, op: str, flops: float | None, params: list[str]) -> None:
         """A matmul-like op autoprec does not rewrite: counted once per (module, op, ordinal), as GEMMs are."""
@@ -219,25 +244,49 @@ class ModelPlan:
         if why not in notes:
             notes.append(why)
 
-    def to_plan(self) -> Plan:
-        """The user's view: each key once, with the graphs it runs in."""
+    def to_plan(self, phase: int | None = None) -> Plan:
+        """The user's view of schedule phase ``phase`` (default: the one running now): each key once,
+        with the graphs it runs in, and the schedule."""
         hardware = self.opts.hardware
+        phase = self.phase if phase is None else phase
+        if not 0 <= phase <= len(self.opts.schedule):
+            raise ValueError(f"autoprec.plan: phase {phase} does not exist; the schedule has phases "
+                             f"0..{len(self.opts.schedule)}")
         rows = [replace(d, graphs=tuple(self.graphs.get(k, ())),
                         reason="; ".join([d.reason, *self.deviations.get(k, [])]))
-                for k, d in self.decisions.items()]
+                for k, d in ((k, self.phase_decision(k, phase)) for k in self.decisions)]
         rows.sort(key=lambda d: d.site)
         notes = [f"a compiled graph ran as traced, without autoprec's formats: {f}" for f in self.failures]
         if self.opts.mode is not None:
             notes.append(f"torch.compile mode={self.opts.mode!r}: inner compiler inductor with that mode's settings")
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware,
                     pass_seconds=dict(self.pass_seconds), notes=notes,
-                    unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()])
+                    unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()],
+                    schedule=self._schedule_lines(phase))
+
+    def _schedule_lines(self, shown: int) -> list[str]:
+        """One line per schedule phase: when it starts, its rules, what it changes and its projection."""
+        if not self.opts.schedule:
+            return []
+        lines = []
+        for phase in range(len(self.opts.schedule) + 1):
+            rows = [self.phase_decision(k, phase) for k in self.decisions]
+            changed = sum(1 for k, d in zip(self.decisions, rows) if d.fmt != self.decisions[k].fmt)
+            speedup = Plan(decisions=rows, hardware=self.opts.hardware).projected_speedup()
+            start = "from step 0" if phase == 0 else f"from step {self.opts.schedule[phase - 1]['from_step']}"
+            rules = "the plan" if phase == 0 else f"overrides {self.opts.schedule[phase - 1]['overrides']}"
+            lines.append(f"schedule phase {phase} {start}: {rules}; {changed} GEMMs differ from phase 0; projected "
+                         f"speedup {speedup:.2f}x" + (" (shown above, running now)" if phase == shown else "")
+                         + (" (running now)" if phase == self.phase and phase != shown else ""))
+        return lines
 
     def state_dict(self) -> dict:
-        return {"calls": self.calls, "plan": self.to_plan().to_json() if self.fixed else None}
+        plan = self.to_plan(phase=0).to_json() if self.fixed else None
+        return {"calls": self.calls, "train_steps": self.train_steps, "plan": plan}
 
     def load_state_dict(self, state: dict) -> None:
         self.calls = int(state["calls"])
+        self.train_steps = int(state.get("train_steps", 0))
 
 
 STATES: list[ModelPlan] = []

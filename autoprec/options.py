@@ -8,6 +8,7 @@ from typing import Any
 
 from autoprec.cost import HARDWARE
 from autoprec.formats import closest
+from autoprec.overrides import parse_rules
 from autoprec.plan import Plan, is_int, is_real
 
 RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
@@ -33,6 +34,9 @@ class CompileOptions:
     inner: ``aot_eager`` (GraphModules) or ``inductor``.  seed: SR bits and RHT signs.
     mode: torch.compile's mode for the inductor inner compiler (``max-autotune-no-cudagraphs``, ...).
     mx_scale: E8M0 rule for MXFP8, ``rceil`` or ``floor``.
+    schedule: precision phases, ``[{"from_step": S, "overrides": {glob: fmt or {role: fmt}}}, ...]``: from
+        training step S (backward passes completed) on, the plan is the first plan with these overrides
+        (and those of earlier phases) applied; e.g. ``{"*": {"fprop": "bf16"}}`` for the last 15% of steps.
     """
 
     recipe: str = "auto"
@@ -48,6 +52,7 @@ class CompileOptions:
     seed: int = 0
     mx_scale: str = "rceil"
     mode: str | None = None
+    schedule: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
@@ -80,6 +85,7 @@ class CompileOptions:
             if self.inner != "inductor":
                 raise ValueError(f"autoprec option mode={self.mode!r} needs inner='inductor'")
         _need("overrides", self.overrides, isinstance(self.overrides, dict), "a dict")
+        check_schedule(self.schedule)
         if (self.phase == "rl_trainer") != (self.match is not None):
             raise ValueError(
                 "autoprec option match (the rl_sampler plan) goes with phase='rl_trainer', and it needs one"
@@ -90,6 +96,26 @@ class CompileOptions:
                   "an autoprec.Plan or the path of a saved plan")
             if isinstance(value, (str, Path)) and not Path(value).is_file():
                 raise ValueError(f"autoprec option {name}: no plan file at {str(value)!r}")
+
+
+SCHEDULE_KEYS = ("from_step", "overrides")
+
+
+def check_schedule(schedule: Any) -> None:
+    """A schedule is a list of phases {"from_step": int >= 1, "overrides": {glob: fmt | {role: fmt}}} with
+    strictly increasing steps; the override rules are checked as the ``overrides`` option's."""
+    _need("schedule", schedule, isinstance(schedule, list), "a list of {'from_step': int, 'overrides': dict}")
+    last = 0
+    for i, phase in enumerate(schedule):
+        where = f"autoprec option schedule[{i}]"
+        if not isinstance(phase, dict) or set(phase) != set(SCHEDULE_KEYS):
+            raise ValueError(f"{where} must be a dict with exactly the keys {', '.join(SCHEDULE_KEYS)}, got {phase!r}")
+        step = phase["from_step"]
+        if not is_int(step) or step <= last:
+            raise ValueError(f"{where}: from_step must be an int greater than {last} (steps increase), got {step!r}")
+        _need(f"schedule[{i}].overrides", phase["overrides"], isinstance(phase["overrides"], dict), "a dict")
+        parse_rules(phase["overrides"])
+        last = step
 
 
 def _need(name: str, value: Any, ok: bool, what: str) -> None:

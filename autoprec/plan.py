@@ -164,6 +164,7 @@ class Plan:
     unplanned_params: list[tuple[str, str]] = field(default_factory=list)  # (parameter, why no GEMM reads it)
     hardware: str = "gb300"
     pass_seconds: dict[str, float] = field(default_factory=dict)
+    schedule: list[str] = field(default_factory=list)  # one line per precision phase (option ``schedule``)
 
     def rows(self) -> list[tuple[str, ...]]:
         return [
@@ -248,7 +249,7 @@ class Plan:
             table.add_row(*row)
         console = Console(record=True, width=250, file=io.StringIO(), color_system=None)
         console.print(table)
-        lines = [console.export_text().rstrip(), self.summary()]
+        lines = [console.export_text().rstrip(), self.summary(), *self.schedule]
         if self.not_compiled:
             lines.append("ran outside autoprec (eager, e.g. after a graph break): " + ", ".join(self.not_compiled))
         lines += self.experts_lines()

@@ -58,6 +58,9 @@ class Assigner:
         self.hw = get_hardware(opts.hardware)
         self.rules = parse_rules(opts.overrides)
         check_rules_match(self.rules, module_names)
+        self.phases = [(p["from_step"], parse_rules(p["overrides"])) for p in opts.schedule]
+        for _, rules in self.phases:
+            check_rules_match(rules, module_names)
         self.plan_file = _by_key(opts.plan, "plan", module_names)
         self.match = _by_key(opts.match, "match", module_names)
         self.position = {name: i for i, name in enumerate(module_names)}
@@ -83,6 +86,15 @@ class Assigner:
         owner = GemmOwner(g.stack_ids, g.weight_id, g.frame_params)
         hit = annotation_for(owner, g.role) or rule_for(self.rules, g.module, g.role)
         return (default_candidate(hit[0], g.role), hit[1]) if hit else None
+
+    def scheduled(self, g: GemmSpec, phase: int) -> Choice | None:
+        """The choice the schedule's phases 1..``phase`` impose on ``g`` (a later phase wins), or None."""
+        hit = None
+        for step, rules in self.phases[:phase]:
+            rule = None if g.sdpa else rule_for(rules, g.module, g.role)
+            if rule is not None:
+                hit = default_candidate(rule[0], g.role), f"schedule from step {step}: {rule[1]}"
+        return hit
 
     def nvidia(self, g: GemmSpec) -> Choice:
         """NVIDIA's NVFP4 pretraining recipe: 16x16 weight scales, SR on gradients, RHT on wgrad,
