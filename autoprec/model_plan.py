@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from autoprec.at_scale import SOURCE, ReferenceShapes
 from autoprec.options import CompileOptions
 from autoprec.passes.assign import Assigner
 from autoprec.passes.calibrate import Calibration
@@ -161,6 +162,7 @@ class ModelPlan:
         """The assigner; without a root module, checked against the first graph's module paths."""
         if self._assigner is None:
             self._assigner = Assigner(self.opts, self.calibration, sorted({s.module for s in specs}))
+        self._assigner.set_specs(list(self.specs.values()))
         return self._assigner
 
     def register(self, specs: list[GemmSpec]) -> None:
@@ -249,6 +251,7 @@ class ModelPlan:
         with the graphs it runs in, and the schedule."""
         hardware = self.opts.hardware
         phase = self.phase if phase is None else phase
+        reference = f"{ReferenceShapes(**self.opts.reference_shapes).describe()}; {SOURCE}"
         if not 0 <= phase <= len(self.opts.schedule):
             raise ValueError(f"autoprec.plan: phase {phase} does not exist; the schedule has phases "
                              f"0..{len(self.opts.schedule)}")
@@ -259,7 +262,7 @@ class ModelPlan:
         notes = [f"a compiled graph ran as traced, without autoprec's formats: {f}" for f in self.failures]
         if self.opts.mode is not None:
             notes.append(f"torch.compile mode={self.opts.mode!r}: inner compiler inductor with that mode's settings")
-        return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware,
+        return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware, reference=reference,
                     pass_seconds=dict(self.pass_seconds), notes=notes,
                     unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()],
                     schedule=self._schedule_lines(phase))

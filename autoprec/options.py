@@ -15,6 +15,8 @@ RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
 PHASES = ("pretrain", "rl_sampler", "rl_trainer")
 INNER = ("aot_eager", "inductor")
 SCALE_MODES = ("rceil", "floor")
+COSTS = ("roofline", "at_scale")
+REFERENCE_KEYS = ("d_model", "ffn", "tokens", "seq")
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,12 @@ class CompileOptions:
     mx_scale: str = "rceil"
     mode: str | None = None
     schedule: list = field(default_factory=list)
+    cost: str = "roofline"
+    reference_shapes: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
-                   ("hardware", tuple(HARDWARE)))
+                   ("hardware", tuple(HARDWARE)), ("cost", COSTS))
         for name, valid in choices:
             value = getattr(self, name)
             _need(name, value, isinstance(value, str), "a string")
@@ -86,6 +90,13 @@ class CompileOptions:
                 raise ValueError(f"autoprec option mode={self.mode!r} needs inner='inductor'")
         _need("overrides", self.overrides, isinstance(self.overrides, dict), "a dict")
         check_schedule(self.schedule)
+        _need("reference_shapes", self.reference_shapes, isinstance(self.reference_shapes, dict), "a dict")
+        for key, value in self.reference_shapes.items():
+            if key not in REFERENCE_KEYS:
+                raise ValueError(f"autoprec option reference_shapes: unknown key {key!r}; valid: "
+                                 f"{', '.join(REFERENCE_KEYS)}")
+            if not is_int(value) or value <= 0:
+                raise ValueError(f"autoprec option reference_shapes[{key!r}] must be a positive int, got {value!r}")
         if (self.phase == "rl_trainer") != (self.match is not None):
             raise ValueError(
                 "autoprec option match (the rl_sampler plan) goes with phase='rl_trainer', and it needs one"

@@ -50,6 +50,8 @@ FIELD_RULES = {
     "weight_shape": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(is_int, v))),
                      "a list of ints or null"),
     "graphs": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v), "a list of graph names"),
+    "ref_seconds": (is_real, "a number"),
+    "ref_bf16_seconds": (is_real, "a number"),
     "err": (lambda v: v is None or is_real(v), "a number or null"),
     "bias": (lambda v: v is None or is_real(v), "a number or null"),
     "loss": (lambda v: v is None or is_real(v), "a number or null"),
@@ -70,7 +72,8 @@ class Decision:
     symbolic sizes, as is ``flops_expr`` (``flops`` is its value at the traced sizes). ``rounding``
     applies to the gradient operand (weights and activations always round to nearest), ``tile2d`` to
     the weight. ``err``/``bias``/``loss`` are the calibrated scores of the
-    chosen configuration; ``seconds`` and ``bf16_seconds`` its projected time and the BF16 time.
+    chosen configuration; ``seconds`` and ``bf16_seconds`` its projected time and the BF16 time at the
+    traced shapes (roofline), ``ref_seconds`` and ``ref_bf16_seconds`` at the reference shapes (at_scale.py).
     A grouped (experts) GEMM has ``groups`` experts, each group quantized on its own, and
     ``group_tokens``: each expert's mean token count in calibration (what ``seconds`` is costed at), and
     ``group_err``: each expert's relative error in the chosen configuration.
@@ -95,6 +98,8 @@ class Decision:
     bf16_seconds: float = 0.0
     weight_elems: int = 0
     weight_shape: tuple[int, ...] | None = None
+    ref_seconds: float = 0.0
+    ref_bf16_seconds: float = 0.0
     graphs: tuple[str, ...] = ()
     err: float | None = None
     bias: float | None = None
@@ -165,6 +170,7 @@ class Plan:
     hardware: str = "gb300"
     pass_seconds: dict[str, float] = field(default_factory=dict)
     schedule: list[str] = field(default_factory=list)  # one line per precision phase (option ``schedule``)
+    reference: str = ""  # the at-scale projection's reference shapes and rates
 
     def rows(self) -> list[tuple[str, ...]]:
         return [
@@ -208,9 +214,13 @@ class Plan:
             share[d.fmt] = share.get(d.fmt, 0.0) + d.flops / total
         return share
 
-    def projected_speedup(self) -> float:
+    def projected_speedup(self, at_scale: bool = False) -> float:
         """GEMM time of the all-BF16 plan over this plan's, on the cost model's hardware; matmul-like ops
-        left as traced count at BF16 speed on both sides."""
+        left as traced count at BF16 speed on both sides. ``at_scale``: the same formats at the reference
+        shapes and measured rates (matmul-like ops left as traced are not in it)."""
+        if at_scale:
+            mine = sum(d.ref_seconds for d in self.decisions)
+            return sum(d.ref_bf16_seconds for d in self.decisions) / mine if mine else 1.0
         unplanned = sum(f for _, _, f in self.unplanned_ops if f is not None)
         rest = unplanned / (get_hardware(self.hardware).pflops("bf16") * 1e15)
         mine = sum(d.seconds for d in self.decisions) + rest
@@ -229,6 +239,8 @@ class Plan:
                 f"{self.projected_speedup():.2f}x; weights {wq / 1e6:.3f} MB (BF16 {wb / 1e6:.3f} MB)")
         if self.saved_bytes:
             text += f"; saved for backward {sum(self.saved_bytes.values()) / 1e6:.3f} MB"
+        if self.reference and any(d.ref_seconds for d in self.decisions):
+            text += f"\nat scale: {self.projected_speedup(at_scale=True):.2f}x at {self.reference}"
         if self.not_compiled:
             text += (f"\nthe shares cover compiled graphs only: {len(self.not_compiled)} modules ran eagerly "
                      f"(listed below), in their own dtype, and their FLOPs are not seen")

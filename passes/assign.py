@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import replace
 
+from autoprec.at_scale import AtScale, ReferenceShapes
 from autoprec.cost import get_hardware
 from autoprec.formats import closest
 from autoprec.options import CompileOptions
@@ -56,6 +57,8 @@ class Assigner:
     def __init__(self, opts: CompileOptions, calibration: Calibration | None, module_names: list[str]) -> None:
         self.opts, self.calibration = opts, calibration
         self.hw = get_hardware(opts.hardware)
+        self.reference = ReferenceShapes(**opts.reference_shapes)
+        self.at_scale = AtScale([], self.reference, self.hw)
         self.rules = parse_rules(opts.overrides)
         check_rules_match(self.rules, module_names)
         self.phases = [(p["from_step"], parse_rules(p["overrides"])) for p in opts.schedule]
@@ -161,7 +164,15 @@ class Assigner:
         """Each expert's mean token count in calibration (grouped GEMMs only)."""
         return self.calibration.tokens_per_group(g.key) if self.calibration and g.groups else None
 
+    def set_specs(self, specs: list[GemmSpec]) -> None:
+        """The model's GEMMs so far: the at-scale projection reads the traced widths and tokens off them."""
+        self.at_scale = AtScale(specs, self.reference, self.hw)
+
     def seconds(self, g: GemmSpec, fmt: str) -> float:
+        """The time the solver weighs: the roofline at the traced shapes, or (``cost="at_scale"``) the
+        projection at the reference shapes."""
+        if self.opts.cost == "at_scale":
+            return self.at_scale.seconds(g, fmt)
         return g.seconds(fmt, self.hw, self.tokens(g))
 
     def solve(self, free: list[GemmSpec]) -> dict[GemmKey, Choice]:
@@ -213,7 +224,9 @@ class Assigner:
             site=site, module=g.module, role=g.role, index=g.key[2], shape=g.shape, batch=g.batch,
             fmt=c.fmt, rounding=c.rounding, rht=c.rht, tile2d=c.tile2d, reason=reason,
             seeds=key_seeds(self.opts.seed, g.key), rewritten=not (g.sdpa or g.scaled_addmm), flops=g.flops(),
-            flops_expr=g.flops_expr, seconds=self.seconds(g, c.fmt), bf16_seconds=self.seconds(g, "bf16"),
+            flops_expr=g.flops_expr, seconds=g.seconds(c.fmt, self.hw, self.tokens(g)),
+            bf16_seconds=g.seconds("bf16", self.hw, self.tokens(g)), ref_seconds=self.at_scale.seconds(g, c.fmt),
+            ref_bf16_seconds=self.at_scale.seconds(g, "bf16"),
             weight_elems=g.weight_elems(), weight_shape=g.weight_shape, err=stat.err if stat else None,
             bias=stat.bias if stat else None, loss=stat.loss if stat else None, groups=g.groups,
             group_tokens=self.tokens(g), group_err=stat.group_err if stat else None,

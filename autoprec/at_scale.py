@@ -1,0 +1,79 @@
+"""At-scale cost projection: a plan's per-GEMM formats costed at a reference model's shapes, at the
+speedups Transformer Engine measured there rather than at peak ratios.
+
+A small model's GEMMs (d=128) are memory-bound, so their roofline says little about the trade-off a
+4096-wide model faces. Each traced GEMM is mapped onto the reference model: the traced width d becomes
+``d_model``, the traced MLP width ``ffn``, any other weight dim scales by d_model / d (a fused QKV of 3d
+becomes 3 d_model), tokens become the reference's token count, and attention products also scale with
+the sequence length and the width (their FLOPs grow as tokens x seq x width). At those shapes the GEMMs
+are compute-bound and each format runs at its measured speedup over BF16, quantization included:
+
+- NVIDIA B300, Transformer Engine's 5B model (hidden 4096, intermediate 16384, 24 layers, micro-batch 31
+  x sequence 512 = 15872 tokens), "autocast" (GEMM + per-step quantization): MXFP8 1.44x, NVFP4 2.03x
+  BF16; without the quantization ("pre-quantized") NVFP4 3.55x.
+  https://nvidia.github.io/TransformerEngine/features/low_precision_training/speedups.html
+- Efficiency against the peak ratios (15 / 5 / 2.5 PFLOPS): NVFP4 2.03 / 6 = 0.34, MXFP8 1.44 / 2 = 0.72.
+  No figure is published for B200 here: it takes the B300 ratios. H100 has no FP4 tensor cores (NVFP4 at
+  BF16 speed) and its FP8 takes the Blackwell MXFP8 efficiency times the 2x peak ratio.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from autoprec.cost import Hardware
+
+TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03}  # measured with quantization (source above)
+MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 1.0}}
+SOURCE = "TE's measured B300 speedups with quantization: MXFP8 1.44x, NVFP4 2.03x"
+
+
+@dataclass(frozen=True)
+class ReferenceShapes:
+    """The model the projection costs the plan at (default: Transformer Engine's measured 5B model)."""
+
+    d_model: int = 4096
+    ffn: int = 16384
+    tokens: int = 15872
+    seq: int = 512
+
+    def describe(self) -> str:
+        return f"d_model {self.d_model}, ffn {self.ffn}, {self.tokens} tokens, seq {self.seq}"
+
+
+def _mode(values: list[int], default: int) -> int:
+    return Counter(values).most_common(1)[0][0] if values else default
+
+
+class AtScale:
+    """The projection for one model, from its GEMM specs (their weights tell the traced d and ffn, their
+    forward GEMMs the traced tokens and sequence length)."""
+
+    def __init__(self, specs: list, ref: ReferenceShapes, hw: Hardware) -> None:
+        self.ref, self.hw = ref, hw
+        weighted = [s for s in specs if s.weight_shape is not None and len(s.weight_shape) >= 2]
+        dims = [d for s in weighted for d in s.weight_shape[-2:]]
+        self.d = _mode(dims, 1)
+        self.ffn = _mode([x for x in dims if x != self.d], self.d)
+        fprops = [s for s in specs if str(s.role) == "fprop"]
+        self.tokens = _mode([s.dims[1] for s in fprops if s in weighted and s.groups is None], 1)
+        self.seq = _mode([s.dims[1] for s in fprops if s not in weighted and s.dims[0] > 1], self.tokens)
+
+    def _width(self, w: int) -> float:
+        if w == self.d:
+            return self.ref.d_model
+        if w == self.ffn:
+            return self.ref.ffn
+        return w * self.ref.d_model / self.d
+
+    def flops(self, spec) -> float:
+        """The GEMM's FLOPs at the reference shapes."""
+        tokens = self.ref.tokens / self.tokens
+        if spec.weight_shape is not None and len(spec.weight_shape) >= 2:
+            a, b = spec.weight_shape[-2:]
+            return spec.flops() * tokens * self._width(a) / a * self._width(b) / b
+        return spec.flops() * tokens * (self.ref.seq / self.seq) * (self.ref.d_model / self.d)
+
+    def seconds(self, spec, fmt: str) -> float:
+        """Time at the reference shapes: compute-bound BF16 at peak, divided by the format's measured speedup."""
+        return self.flops(spec) / (self.hw.pflops("bf16") * 1e15) / MEASURED[self.hw.name][fmt.split("_")[0]]
