@@ -35,19 +35,20 @@ def test_train_example_prints_loss_and_plan():
 
 
 def test_quality_benchmark_writes_its_table_and_json(tmp_path):
-    out = run("benchmarks/quality.py", "--steps", "3", "--seeds", "1", "--layers", "1", "--d", "32", "--ctx", "32",
-              "--batch", "2", "--val-batches", "1", "--recipes", "bf16,nvfp4,auto", "--out", str(tmp_path))
-    assert "gap vs bf16" in out and "auto" in out
+    """The protocol's rows on both model families: paired gaps, both projections, auto's paired differences."""
+    out = run("benchmarks/quality.py", "--quick", "--seeds", "2", "--recipes", "bf16,nvfp4_nvidia,nvfp4,auto@nv",
+              "--out", str(tmp_path))
+    assert "gap vs bf16 (%)" in out and "at scale x" in out and "auto@nv - nvfp4: " in out
     data = json.loads((tmp_path / "quality.json").read_text())
-    rows = {r["recipe"]: r for r in data["results"]}
-    assert set(rows) == {"bf16", "nvfp4", "auto"} and rows["nvfp4"]["nvfp4_share"] > 0.9  # head dim 8: BF16
-    assert rows["bf16"]["speedup"] == 1.0 and len(rows["auto"]["losses"]) == 3
+    rows = {(r["model"], r["recipe"], r["seed"]): r for r in data["results"]}
+    assert len(rows) == 2 * 4 * 2 and rows[("gpt", "nvfp4", 0)]["nvfp4_share"] > 0.9
+    assert rows[("llama", "bf16", 1)]["at_scale"] == 1.0 and len(rows[("gpt", "auto@nv", 0)]["losses"]) == 3
+    assert rows[("gpt", "auto@nv", 0)]["predicted_damage"] is not None
 
 
 def test_quality_benchmark_moe_option(tmp_path):
-    out = run("benchmarks/quality.py", "--steps", "3", "--seeds", "1", "--layers", "1", "--d", "32", "--ctx", "32",
-              "--batch", "2", "--val-batches", "1", "--recipes", "bf16,nvfp4", "--moe", "4", "--out",
-              str(tmp_path))
-    assert "MoE GPT (4 experts, top-2)" in out
+    out = run("benchmarks/quality.py", "--quick", "--seeds", "1", "--models", "gpt", "--recipes", "bf16,nvfp4",
+              "--moe", "4", "--out", str(tmp_path))
+    assert "MoE 4 experts top-2" in out
     rows = {r["recipe"]: r for r in json.loads((tmp_path / "quality.json").read_text())["results"]}
     assert ("blocks.0.mlp", "fprop", "nvfp4") in map(tuple, rows["nvfp4"]["formats"])
