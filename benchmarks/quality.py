@@ -9,8 +9,9 @@ the data order, the same for every recipe. The validation loss is the mean over 
 in eval mode (no_grad: the plan's forward numerics). Per recipe: the paired gap to BF16 in % (mean ±
 standard error over seeds), the projected speedups (roofline at the traced shapes; at scale, at TE's
 measured rates on a 4096-wide model), the NVFP4 FLOP share, CPU seconds per step; for every auto row, its
-paired difference to each fixed recipe in standard errors, and its predicted damage (the mean per-GEMM
-damage the solver weighed). Writes quality.json, quality_pareto.png and quality_loss.png to --out.
+paired difference to each fixed recipe in standard errors; and every row's predicted damage: the mean
+per-GEMM damage of its choices as the solver scores them (the seed's auto calibration), to compare with
+the measured gap. Writes quality.json, quality_pareto.png and quality_loss.png to --out.
 ``--moe E`` replaces the GPT's MLPs by top-2 mixtures of E experts. ``--quick`` is a seconds-long smoke run.
 """
 from __future__ import annotations
@@ -32,8 +33,9 @@ from llama_model import TinyLlama
 from rich.progress import Progress
 
 import autoprec
+from autoprec.model_plan import plans_of
 from autoprec.passes.assign import damage
-from autoprec.passes.calibrate import Stat
+from autoprec.passes.candidates import Candidate
 
 from corpus import Batches, split, stdlib_bytes
 from gpt_model import TinyGPT
@@ -109,15 +111,32 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
     with torch.no_grad():
         val_loss = sum(compiled(*held_out.next()).item() for _ in range(args.val_batches)) / args.val_batches
     plan = autoprec.plan(compiled)
-    scored = [damage(Stat(d.err, d.bias, d.loss), d.role) for d in plan.decisions if d.err is not None]
+    state = plans_of(model)[-1]
+    table = {"|".join(map(str, k)): {c.label: damage(st, d.role) for c, st in by_cand.items()}
+             for k, by_cand in (state.calibration.stats.items() if state.calibration else ())
+             for d in [state.decisions[k]] if k in state.decisions}
     steady = times[3:] or times
     return {
         "model": family, "recipe": name, "seed": seed, "val_loss": val_loss, "losses": losses,
         "speedup": plan.projected_speedup(), "at_scale": plan.projected_speedup(at_scale=True),
         "nvfp4_share": plan.flop_share().get("nvfp4", 0.0), "sec_per_step": sum(steady) / len(steady),
-        "predicted_damage": sum(scored) / len(scored) if scored else None,
         "formats": [(d.module, str(d.role), d.fmt) for d in plan.decisions],
+        "choices": {"|".join(map(str, d.key)): Candidate(d.fmt, d.rounding, d.rht, d.tile2d).label
+                    for d in plan.decisions},
+        "damage_table": table,  # auto rows: every measured candidate's damage, per GEMM
     }
+
+
+def predicted_damage(results: list[dict], row: dict) -> float | None:
+    """The mean per-GEMM damage of a row's choices, scored with the calibration of the first auto row of
+    the same model and seed (the same initial weights and first batch): the solver's view of any plan."""
+    auto = next((r for r in results if r["model"] == row["model"] and r["seed"] == row["seed"]
+                 and r["damage_table"]), None)
+    if auto is None:
+        return None
+    scores = [auto["damage_table"][k][label] for k, label in row["choices"].items()
+              if label in auto["damage_table"].get(k, {})]
+    return sum(scores) / len(scores) if scores else None
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -142,7 +161,7 @@ def table(results: list[dict], family: str, recipes: list[str]) -> str:
         if not rows:
             continue
         m, se = mean_se(list(gaps(results, family, recipe).values()))
-        dmg = rows[0]["predicted_damage"]
+        dmg = predicted_damage(results, rows[0])
         lines.append(f"{recipe:<24}{m:>10.2f} ± {se:<5.2f}{rows[0]['at_scale']:>12.2f}{rows[0]['speedup']:>12.2f}"
                      f"{100 * rows[0]['nvfp4_share']:>12.0f}%{sum(r['sec_per_step'] for r in rows) / len(rows):>12.3f}"
                      + (f"{dmg:>14.1e}" if dmg is not None else f"{'-':>14}"))
