@@ -53,13 +53,17 @@ class AtScale:
         self.ref, self.hw = ref, hw
         weighted = [s for s in specs if s.weight_shape is not None and len(s.weight_shape) >= 2]
         dims = [d for s in weighted for d in s.weight_shape[-2:]]
-        self.d = _mode(dims, 1)
+        self.d = max(1, _mode(dims, 1))
         self.ffn = _mode([x for x in dims if x != self.d], self.d)
         fprops = [s for s in specs if str(s.role) == "fprop"]
-        self.tokens = _mode([s.dims[1] for s in fprops if s in weighted and s.groups is None], 1)
-        self.seq = _mode([s.dims[1] for s in fprops if s not in weighted and s.dims[0] > 1], self.tokens)
+        # sizes of 0 (an empty batch) count as 1: such a GEMM has no FLOPs to scale anyway
+        self.tokens = max(1, _mode([s.dims[1] for s in fprops if s in weighted and s.groups is None], 1))
+        self.seq = max(1, _mode([s.dims[1] for s in fprops if s not in weighted and s.dims[0] > 1], self.tokens))
 
     def _width(self, w: int) -> float:
+        """A traced weight dim at the reference's width (1 for a zero-sized dim: its GEMM has no FLOPs)."""
+        if w == 0:
+            return 1.0
         if w == self.d:
             return self.ref.d_model
         if w == self.ffn:
@@ -71,7 +75,7 @@ class AtScale:
         tokens = self.ref.tokens / self.tokens
         if spec.weight_shape is not None and len(spec.weight_shape) >= 2:
             a, b = spec.weight_shape[-2:]
-            return spec.flops() * tokens * self._width(a) / a * self._width(b) / b
+            return spec.flops() * tokens * self._width(a) / max(a, 1) * self._width(b) / max(b, 1)
         return spec.flops() * tokens * (self.ref.seq / self.seq) * (self.ref.d_model / self.d)
 
     def seconds(self, spec, fmt: str) -> float:
