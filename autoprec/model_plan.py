@@ -275,12 +275,13 @@ class ModelPlan:
         for phase in range(len(self.opts.schedule) + 1):
             rows = [self.phase_decision(k, phase) for k in self.decisions]
             changed = sum(1 for k, d in zip(self.decisions, rows) if d.fmt != self.decisions[k].fmt)
-            speedup = Plan(decisions=rows, hardware=self.opts.hardware).projected_speedup()
+            plan = Plan(decisions=rows, hardware=self.opts.hardware)
             start = "from step 0" if phase == 0 else f"from step {self.opts.schedule[phase - 1]['from_step']}"
             rules = "the plan" if phase == 0 else f"overrides {self.opts.schedule[phase - 1]['overrides']}"
+            marks = [m for m, on in (("running now", phase == self.phase), ("the rows above", phase == shown)) if on]
             lines.append(f"schedule phase {phase} {start}: {rules}; {changed} GEMMs differ from phase 0; projected "
-                         f"speedup {speedup:.2f}x" + (" (shown above, running now)" if phase == shown else "")
-                         + (" (running now)" if phase == self.phase and phase != shown else ""))
+                         f"speedup {plan.projected_speedup():.2f}x, at scale {plan.projected_speedup(True):.2f}x"
+                         + (f" ({', '.join(marks)})" if marks else ""))
         return lines
 
     def state_dict(self) -> dict:
