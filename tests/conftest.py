@@ -1,12 +1,20 @@
 """Test session setup: without a GPU, Triton kernels run in the interpreter. Triton reads
 TRITON_INTERPRET when it is first imported (torch.compile imports it too), so it is set here, first."""
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# `python -m pytest` puts the working directory, the repository root, first on sys.path. There the kernels/
+# folder would pass for Hugging Face's `kernels` package, which transformers (5.25+) probes for and then
+# imports from. autoprec is installed, so the tests do not need the root on the path.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
 
 @pytest.fixture
