@@ -178,8 +178,7 @@ class Calibration:
     def _count_tokens(self, key: GemmKey, offs: torch.Tensor | None) -> None:
         if offs is None:
             return
-        ends = [int(e) for e in offs.tolist()]
-        sizes = [e - s for s, e in zip([0] + ends[:-1], ends)]
+        sizes = [e - s for s, e in group_bounds(offs, int(offs.max()) if offs.numel() else 0)]
         total, n = self.group_tokens.get(key, ([0] * len(sizes), 0))
         self.group_tokens[key] = ([t + s for t, s in zip(total, sizes)], n + 1)
 

@@ -13,30 +13,18 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
 
-import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.kernels.grouped import EXACT
+from autoprec.passes.rewrite import add_like
 
 aten = torch.ops.aten
 FORWARD, BACKWARD = "transformers.grouped_mm_fallback.default", "transformers.grouped_mm_fallback_backward.default"
 
 
-def _add(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
-    """A node computing ``target(*args)``, with ``like``'s provenance (module stack, seq_nr) and a fake value."""
-    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-    with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]):
-        val = target(*vals)
-    node = graph.call_function(target, args)
-    node.meta.update({k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta")})
-    node.meta["val"] = val
-    return node
-
-
 def _exact(graph: fx.Graph, a: fx.Node, b: fx.Node, offs: fx.Node, step: fx.Node, like: fx.Node) -> fx.Node:
     dtype = a.meta["val"].dtype
     args = (a, b, offs, EXACT, "rne", "rne", False, False, 0, 0, "rceil", 0, step, dtype)
-    return _add(graph, torch.ops.autoprec.grouped_mm.default, args, like)
+    return add_like(graph, torch.ops.autoprec.grouped_mm.default, args, like)
 
 
 def normalize_grouped(gm: fx.GraphModule, step: fx.Node) -> int:
@@ -54,9 +42,9 @@ def normalize_grouped(gm: fx.GraphModule, step: fx.Node) -> int:
         elif target == BACKWARD:
             x, w, offs, grad = node.args[:4]
             with graph.inserting_before(node):
-                wt = _add(graph, aten.transpose.int, (w, -2, -1), node)
+                wt = add_like(graph, aten.transpose.int, (w, -2, -1), node)
                 dgrad = _exact(graph, grad, wt, offs, step, node)
-                xt = _add(graph, aten.t.default, (x,), node)
+                xt = add_like(graph, aten.t.default, (x,), node)
                 wgrad = _exact(graph, xt, grad, offs, step, node)
             for user in list(node.users):
                 if user.target is operator.getitem:

@@ -64,18 +64,21 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     fmt = d.fmt if get_format(d.fmt).quantized else "bf16"
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
             cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, node.meta["val"].dtype)
-    return _product(graph, autoprec_ops.grouped_mm.default, args, node, tag)
+    return add_like(graph, autoprec_ops.grouped_mm.default, args, node, tag)
 
 
-def _product(graph: fx.Graph, op, args: tuple, node: fx.Node, tag: dict) -> fx.Node:
-    """The node computing ``op(*args)`` in place of matmul ``node`` (its fake value, meta and partitioner tag)."""
+def add_like(graph: fx.Graph, op, args: tuple, like: fx.Node, tag: dict | None = None) -> fx.Node:
+    """A node computing ``op(*args)`` in place of node ``like``: like's meta (module stack, seq_nr,
+    partitioner tag), the fake value of ``op`` on the arguments' fake values, and the autoprec ``tag``."""
     fake_args = [x.meta["val"] if isinstance(x, fx.Node) else x for x in args]
-    with detect_fake_mode([node.meta["val"]]):
+    with detect_fake_mode([v for v in fake_args if isinstance(v, torch.Tensor)]):
         val = op(*fake_args)
-    out = _add(graph, op, args, {}, node.meta, val, tag)
-    if "partitioner_tag" in node.meta:
-        out.meta["partitioner_tag"] = node.meta["partitioner_tag"]
-    return out
+    node = graph.call_function(op, args)
+    node.meta.update({k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta")})
+    node.meta["val"] = val
+    if tag is not None:
+        node.meta["autoprec"] = tag
+    return node
 
 
 def rewrite_matmuls(
@@ -106,7 +109,7 @@ def rewrite_matmuls(
                     b_ndim = info.mm.b.meta["val"].ndim
                     b_tiled = operand_config(d, 1, b_ndim, info.grad_operand, info.weight_operand)[2]
                     args = (*a, d.fmt, *b, d.fmt, 16 if b_tiled else 1, current(info.mm.bias), node.meta["val"].dtype)
-                    out = _product(graph, autoprec_ops.scaled_mm.default, args, node, tag)
+                    out = add_like(graph, autoprec_ops.scaled_mm.default, args, node, tag)
             node.replace_all_uses_with(out)
             graph.erase_node(node)
             replaced[node] = out
