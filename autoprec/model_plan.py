@@ -337,15 +337,16 @@ def defer_state(model: torch.nn.Module, state: dict) -> None:
 
 
 def reduce_across_ranks(calibration: Calibration) -> None:
-    """Under torch.distributed, every rank's measurements are gathered and merged in rank order, so
-    every rank solves the same problem and runs the identical plan."""
+    """Under torch.distributed, every rank's measurements (scores, problems, tokens per expert) are
+    gathered and merged in rank order, so every rank solves the same problem and runs the identical plan."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (calibration.stats, calibration.problems))
+    dist.all_gather_object(gathered, (calibration.stats, calibration.problems, calibration.group_tokens))
     merged = Calibration(calibration.mx_scale, calibration.rht_seed)
-    for stats, problems in gathered:
-        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, stats, problems))
+    for stats, problems, tokens in gathered:
+        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, stats, problems, tokens))
     calibration.stats, calibration.problems = merged.stats, merged.problems
+    calibration.group_tokens = merged.group_tokens

@@ -1,5 +1,6 @@
-"""A 2-rank training run on CPU (gloo) for the distributed tests: DDP or FSDP2, recipe auto, each rank
-on its own data. Each rank saves its plan rows, its plan's eager list and its final parameters."""
+"""A 2-rank training run on CPU (gloo) for the distributed tests: DDP (of the GPT, or of its MoE variant)
+or FSDP2, recipe auto, each rank on its own data. Each rank saves its plan rows, its plan's eager list
+and its final parameters."""
 from __future__ import annotations
 
 import os
@@ -17,8 +18,8 @@ def worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     import autoprec
 
     torch.manual_seed(0)
-    model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16)
-    if mode == "ddp":
+    model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16, experts=4 if mode == "ddp_moe" else 0)
+    if mode.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel
 
         wrapped = DistributedDataParallel(model)
@@ -37,7 +38,7 @@ def worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
         opt.step()
     plan = autoprec.plan(compiled)
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
-    rows = [(d.key, d.fmt, d.rounding, d.rht, d.tile2d, d.err) for d in plan.decisions]
+    rows = [(d.key, d.fmt, d.rounding, d.rht, d.tile2d, d.err, d.group_tokens) for d in plan.decisions]
     torch.save({"rows": rows, "params": params, "eager": plan.not_compiled, "notes": plan.notes},
                f"{out}/{mode}{rank}.pt")
     dist.destroy_process_group()

@@ -40,3 +40,12 @@ def test_fsdp_per_block_sharding(tmp_path):
     assert a["rows"] == b["rows"] and len(a["rows"]) == 36
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
     assert a["eager"] == ["wte", "wpe", "lm_head"] and any("frame skipped" in n for n in a["notes"])
+
+
+def test_moe_ranks_share_token_counts(tmp_path):
+    """Each rank routes its own tokens: the per-expert counts the cost model uses are merged like the
+    scores, so both ranks cost, solve and run the same plan."""
+    a, b = run("ddp_moe", tmp_path)
+    assert a["rows"] == b["rows"] and all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    tokens = [r[6] for r in a["rows"] if r[6] is not None]
+    assert tokens and all(sum(t) == 2 * 64 for t in tokens)  # 4 x 16 tokens, top-2, averaged over the ranks
