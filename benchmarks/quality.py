@@ -36,6 +36,7 @@ import autoprec
 from autoprec.model_plan import plans_of
 from autoprec.passes.assign import damage
 from autoprec.passes.candidates import Candidate
+from autoprec.roles import MatmulRole
 
 from corpus import Batches, split, stdlib_bytes
 from gpt_model import TinyGPT
@@ -112,9 +113,9 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
         val_loss = sum(compiled(*held_out.next()).item() for _ in range(args.val_batches)) / args.val_batches
     plan = autoprec.plan(compiled)
     state = plans_of(model)[-1]
-    table = {"|".join(map(str, k)): {c.label: damage(st, d.role) for c, st in by_cand.items()}
-             for k, by_cand in (state.calibration.stats.items() if state.calibration else ())
-             for d in [state.decisions[k]] if k in state.decisions}
+    stats = state.calibration.stats if state.calibration else {}
+    damages = {"|".join(map(str, k)): {c.label: damage(st, MatmulRole(k[1])) for c, st in by_cand.items()}
+               for k, by_cand in stats.items()}
     steady = times[3:] or times
     return {
         "model": family, "recipe": name, "seed": seed, "val_loss": val_loss, "losses": losses,
@@ -123,7 +124,7 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
         "formats": [(d.module, str(d.role), d.fmt) for d in plan.decisions],
         "choices": {"|".join(map(str, d.key)): Candidate(d.fmt, d.rounding, d.rht, d.tile2d).label
                     for d in plan.decisions},
-        "damage_table": table,  # auto rows: every measured candidate's damage, per GEMM
+        "damage_table": damages,  # auto rows: every measured candidate's damage, per GEMM
     }
 
 
