@@ -84,6 +84,22 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def nanogpt_init(model: nn.Module) -> None:
+    """nanoGPT's initialisation: N(0, 0.02) weights for linear and embedding layers, zero biases."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    """The mean cross-entropy of (batch, time, vocab) logits against ``targets``, or the logits without them."""
+    if targets is None:
+        return logits
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 class TinyGPT(nn.Module):
     """A nanoGPT-style model with a lm_head tied to the token embedding; ``experts`` > 0 replaces each
     block's MLP by a top-2 mixture of that many experts of hidden size 2d (the same active FLOPs)."""
@@ -97,21 +113,14 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
-        for module in self.modules():  # nanoGPT's initialisation
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+        nanogpt_init(self)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """The mean cross-entropy against ``targets``, or the logits when there are none."""
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return lm_loss(self.lm_head(self.ln_f(x)), targets)
 
 
 def tokens(batch: int = 2, ctx: int = 16, vocab: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

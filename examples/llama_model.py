@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt_model import lm_loss, nanogpt_init
+
 
 def swiglu_hidden(d: int, multiple: int = 32) -> int:
     """Llama's MLP width, 8d/3 rounded up to ``multiple`` (so every reduction dim takes whole MXFP8 blocks)."""
@@ -52,15 +54,10 @@ class TinyLlama(nn.Module):
         self.blocks = nn.ModuleList(LlamaBlock(d, heads) for _ in range(layers))
         self.norm = nn.RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
+        nanogpt_init(self)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.norm(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return lm_loss(self.lm_head(self.norm(x)), targets)
