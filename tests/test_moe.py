@@ -1,13 +1,17 @@
 """Mixture-of-experts: grouped expert GEMMs are found, planned per experts module and run quantized
 (bit-exact with kernels/grouped.py), in a plain-torch block and in transformers' Mixtral and Qwen3-MoE
 with each experts implementation; what autoprec cannot plan is named, never hidden in the shares."""
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import autoprec
+from autoprec.cost import get_hardware
 from autoprec.kernels.grouped import grouped_mm
+from autoprec.model_plan import plans_of
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 RECIPES = ["bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "auto"]
@@ -81,6 +85,22 @@ def test_grouped_moe_block_trains_in_every_recipe(recipe, tmp_path):
         assert "tokens per expert in calibration: " in text
         plan.save(tmp_path / "plan.json")
         assert autoprec.Plan.load(tmp_path / "plan.json").decisions == plan.decisions  # schema 3 round trip
+
+
+def test_expert_gemms_are_costed_per_expert_at_their_token_counts():
+    """At a scale where experts are compute-bound, all tokens on one expert costs more than an even split:
+    the idle experts still read their weights. The solver and the plan cost with calibration's counts."""
+    torch.manual_seed(0)
+    model = MoEBlock().bfloat16()
+    c = torch.compile(model, backend="autoprec", options={"recipe": "auto"})
+    train(c, model, steps=2)
+    state = plans_of(model)[-1]
+    spec = next(s for k, s in state.specs.items() if k == ("experts", "fprop", 0))
+    big = replace(spec, dims=(1, 65536, 8192, 8192))
+    hw = get_hardware("gb300")
+    assert big.seconds("nvfp4", hw, (65536.0, 0.0, 0.0, 0.0)) > big.seconds("nvfp4", hw)
+    d = next(d for d in autoprec.plan(c).decisions if d.key == spec.key)
+    assert d.seconds == spec.seconds(d.fmt, hw, state.calibration.tokens_per_group(spec.key))
 
 
 def test_compiled_expert_gemms_are_bit_exact_with_the_grouped_kernel():
