@@ -26,18 +26,18 @@ from autoprec.kernels.mxfp8_ref import MX_BLOCK
 from autoprec.kernels.nvfp4_ref import BLOCK, nvfp4_encode_scale, scale_to_block
 from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
 from autoprec.kernels.random_bits import stream_keys
-from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode
 
 SOURCE = Path(__file__).with_name("csrc") / "quantize_cpu.c"
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
+         "-shared", "-fPIC"]
 _I64, _F32, _U32, _INT, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "block_amax": [_PTR, _I64, _I64, _I64, _PTR, _PTR],
-    "nvfp4_round_pack": [_PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR],
-    "mx_quantize": [_PTR, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _PTR, _PTR],
+    "nvfp4_round_pack": [_PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR, _PTR],
+    "mx_quantize": [_PTR, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _PTR, _PTR, _PTR],
     "nvfp4_scales": [_PTR, _PTR, _I64, _F32, _F32, _PTR, _PTR],
-    "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _F32, _PTR],
-    "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _PTR],
+    "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _F32, _PTR],
+    "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
 }
 
@@ -103,7 +103,7 @@ def _lib() -> ctypes.CDLL:
 
 
 def _call(name: str, *args) -> None:
-    """Call C function ``name``; tensors pass as data pointers (``args`` keeps them alive for the call)."""
+    """Call C function ``name``; tensors pass as data pointers, None as NULL (``args`` keeps them alive)."""
     for a in args:
         if isinstance(a, torch.Tensor) and not a.is_contiguous():
             raise ValueError(f"{name}: tensor arguments must be contiguous")
@@ -144,14 +144,26 @@ def _amax(xm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return amax, bad
 
 
-def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, tensor_amax: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The reference's scale chain (``nvfp4_core``) with the per-block part in C: S_enc and its factor
-    come from the reference's own functions."""
-    s_enc = nvfp4_encode_scale(amax.amax())
+    come from the reference's own functions (``tensor_amax``: the whole tensor's, when these blocks are
+    a subset of its rows)."""
+    s_enc = nvfp4_encode_scale(amax.amax() if tensor_amax is None else tensor_amax)
     s_dec = 1.0 / s_enc
     s_b, e_b = torch.empty_like(amax), torch.empty_like(amax)
     _call("nvfp4_scales", amax, bad, amax.numel(), float(scale_to_block(s_enc)), float(s_dec), s_b, e_b)
     return s_b, e_b, s_dec
+
+
+def _row_bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor) -> torch.Tensor:
+    """Flat index of the first element of each selected row of the moved (rows, K) view, for the SR bits
+    (the rest of a row follows at stride 1 with the block axis last, else at stride shape[-1])."""
+    batch = torch.arange(shape[:-2].numel()).unsqueeze(1) * shape[-2] * shape[-1]
+    last = axis == len(shape) - 1
+    picked = torch.arange(shape[-2] if last else shape[-1])[rows]
+    per_row = picked * shape[-1] if last else picked
+    return (batch + per_row).reshape(-1).contiguous()
 
 
 def _tile_rows(t: torch.Tensor, reduce) -> torch.Tensor:
@@ -162,39 +174,50 @@ def _tile_rows(t: torch.Tensor, reduce) -> torch.Tensor:
 def quantize_cpu(
     x: torch.Tensor, fmt: Format, axis: int, *, seed: int | None = None, tile2d: bool = False,
     scale_mode: str = "rceil", rht: bool = False, rht_signs: torch.Tensor | None = None,
+    rows: slice | torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """``dispatch.quantize`` on CPU for a validated, non-empty input: ``seed`` (the SR stream) selects
-    stochastic rounding."""
+    stochastic rounding; ``rows`` (no tiles, no RHT) quantizes only those indices of the other matrix dim
+    (dim -2 when blocking along the last dim, the last dim when blocking along dim -2), with the whole
+    tensor's tensor scale and SR bits."""
     axis = normalize_axis(axis, x.ndim)
     tile_rows = BLOCK if tile2d else 1
+    full_shape = x.shape
+    tensor_amax = row_base = None
+    if rows is not None:
+        if fmt is NVFP4:
+            tensor_amax = _amax(blocked_view(x, fmt, axis))[0].amax()
+        row_base = _row_bases(x.shape, axis, rows)
+        x = x[..., rows, :] if axis == x.ndim - 1 else x[..., rows]
     xm = blocked_view(x, fmt, axis, tile_rows)
     if rht:
         xm = _rht(xm, rht_signs)
-    rows, n, inner = _layout(x, axis)
     k = xm.shape[-1]
+    if row_base is None:
+        n_rows, n, inner = _layout(x, axis)
+    else:  # the selected rows, each at the whole tensor's stride along K (for the SR bits)
+        n_rows, n, inner = row_base.numel(), k, 1 if axis == x.ndim - 1 else full_shape[-1]
     sr, k1, k2 = _sr_keys(seed)
     if fmt is NVFP4:
         amax, bad = _amax(xm)
         if tile2d:
             amax, bad = _tile_rows(amax, torch.amax), _tile_rows(bad, torch.amax)
-        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())
+        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous(), tensor_amax)
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
-        _call("nvfp4_round_pack", xm, rows, n, e_rows.contiguous(), sr, k1, k2, inner, codes)
+        _call("nvfp4_round_pack", xm, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)
         return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
     elems = torch.empty(xm.shape, dtype=torch.uint8)
     scales = torch.empty(xm.shape[:-1] + (k // MX_BLOCK,), dtype=torch.uint8)
     e = fmt.elem
-    _call("mx_quantize", xm, rows, n, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
-          elems, scales)
+    _call("mx_quantize", xm, n_rows, n, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
+          row_base, elems, scales)
     return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, x.shape)
 
 
 @functools.cache
-def _decode_table(fmt: Format) -> torch.Tensor:
-    """fp32 value of every element code: the 16 E2M1 codes, or torch's conversion of the 256 FP8 bytes."""
-    if fmt is NVFP4:
-        return e2m1_decode(torch.arange(16, dtype=torch.uint8))
+def _fp8_table(fmt: Format) -> torch.Tensor:
+    """torch's fp32 value of each of the 256 FP8 bytes (the C decode takes its Inf/NaN values from it)."""
     return torch.arange(256, dtype=torch.uint8).view(fmt.elem.torch_dtype).to(torch.float32)
 
 
@@ -207,7 +230,9 @@ def dequantize_cpu(q: QuantizedTensor) -> torch.Tensor:
     if q.fmt is NVFP4:
         scale = q.scales.to(torch.float32)
         scale = (scale.repeat_interleave(BLOCK, 0) if q.tile_rows > 1 else scale).contiguous()
-        _call("nvfp4_dequantize", codes, rows, k, _decode_table(NVFP4), scale, float(q.tensor_scale), out)
+        _call("nvfp4_dequantize", codes, rows, k, scale, float(q.tensor_scale), out)
     else:
-        _call("mx_dequantize", codes, rows, k, _decode_table(q.fmt), e8m0_decode(q.scales).contiguous(), out)
+        e = q.fmt.elem
+        _call("mx_dequantize", codes, rows, k, _fp8_table(q.fmt), q.scales.contiguous(), e.mbits, e.bias,
+              out)
     return out.movedim(-1, q.axis)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import torch
 
@@ -72,10 +73,27 @@ def quantize(
     scale_mode: str = "rceil",
     rht: bool = False,
     rht_signs: torch.Tensor | None = None,
+    rows: slice | torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` along ``axis`` (``quantize_ref``'s options), with the RHT along ``axis`` first
-    when ``rht`` is set (fused into the Triton kernel)."""
+    when ``rht`` is set (fused into the Triton kernel). ``rows`` (with the block axis one of the last two
+    dims, 1-D blocks) index the other of the two (a slice or an index tensor): only those rows (or columns) of the whole
+    tensor's quantization are returned, with the same codes, block scales, tensor scale and SR bits;
+    the fused CPU kernels then quantize only them."""
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
+    if rows is not None and (x.ndim < 2 or axis % x.ndim < x.ndim - 2 or tile2d):
+        raise ValueError(f"quantize(rows=...) needs the block axis among the last two dims and 1-D blocks; got axis "
+                         f"{axis} of shape {tuple(x.shape)}, tile2d={tile2d}")
+    if rows is not None and not rht and rand is None and _use_cpu_fused(x):
+        from autoprec.kernels.cpu_fused import quantize_cpu
+
+        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, scale_mode=scale_mode, rows=rows)
+    q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs)
+    return q if rows is None else _rows_of(q, rows)
+
+
+def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, tile2d: bool, scale_mode: str,
+                    rht: bool, rht_signs) -> QuantizedTensor:
     if rand is None and _use_cpu_fused(x):
         from autoprec.kernels.cpu_fused import quantize_cpu
 
@@ -92,6 +110,15 @@ def quantize(
     if rht:
         x = rht_ref(x, axis, rht_signs)
     return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode)
+
+
+def _rows_of(q: QuantizedTensor, rows: slice | torch.Tensor) -> QuantizedTensor:
+    """Rows ``rows`` of the stored (moved) layout of a quantization blocked along one of its last two
+    dims: rows of dim -2 when blocked along the last dim, else columns."""
+    codes = q.codes[..., rows, :]
+    shape = list(q.shape)
+    shape[-2 if q.axis == len(shape) - 1 else -1] = codes.shape[-2]
+    return replace(q, codes=codes, scales=q.scales[..., rows, :], shape=torch.Size(shape))
 
 
 def dequantize(q: QuantizedTensor) -> torch.Tensor:

@@ -43,6 +43,44 @@ def test_fused_quantize_matches_reference(fi, axis, sr, rht):
         assert bits_equal(cpu_fused.dequantize_cpu(got).contiguous(), dequantize_ref(want).contiguous())
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+@pytest.mark.parametrize("shape", [(64, 96), (3, 40, 64)])
+def test_quantizing_some_rows_gives_those_rows_of_the_whole(fmt, rounding, shape):
+    """``quantize(rows=...)`` quantizes only the rows calibration samples, bit-identical to the whole
+    tensor's quantization restricted to them: the tensor scale (a huge value in an unsampled row sets it)
+    and the SR bits come from the whole tensor."""
+    x = torch.randn(shape)
+    x[..., 1, 5] = 1e4  # row 1 is not sampled; it alone sets NVFP4's tensor scale
+    x[..., 4, :32] = float("nan")
+    rows = torch.arange(0, shape[-2], 4)
+    got = dispatch.quantize(x, fmt, rounding=rounding, seed=11, rows=rows)
+    whole = quantize_ref(x, fmt, rounding=rounding, rand=sr_bits(x.shape, 11) if rounding == "sr" else None)
+    assert got.shape == (*shape[:-2], len(rows), shape[-1])
+    assert bits_equal(got.codes.view(torch.uint8), whole.codes[..., rows, :].view(torch.uint8))
+    assert bits_equal(got.scales, whole.scales[..., rows, :])
+    assert whole.tensor_scale is None or bits_equal(got.tensor_scale, whole.tensor_scale)
+    assert bits_equal(dispatch.dequantize(got), dequantize_ref(whole)[..., rows, :])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_quantizing_some_columns_of_an_operand_blocked_along_dim_minus_2(fmt):
+    """A matmul's second operand (K, N), blocked along K: ``rows`` then picks columns."""
+    x = torch.randn(2, 64, 48)
+    x[1, 3, 7] = -3e3
+    cols = torch.arange(0, 48, 5)
+    got = dispatch.quantize(x, fmt, axis=1, rounding="sr", seed=5, rows=cols)
+    whole = quantize_ref(x, fmt, axis=1, rounding="sr", rand=sr_bits(x.shape, 5))
+    assert got.shape == (2, 64, len(cols))
+    assert bits_equal(got.codes.view(torch.uint8), whole.codes[..., cols, :].view(torch.uint8))
+    assert bits_equal(dispatch.dequantize(got), dequantize_ref(whole)[..., cols])
+
+
+def test_quantizing_rows_needs_the_block_axis_among_the_last_two():
+    with pytest.raises(ValueError, match="rows"):
+        dispatch.quantize(torch.randn(64, 32, 8), "mxfp8", axis=0, rows=torch.arange(0, 32, 4))
+
+
 def test_dispatch_runs_the_fused_kernels_by_default(monkeypatch):
     """``auto`` on CPU takes the C path, ``ref`` the reference; both give the same bits, SR included."""
     calls = []

@@ -24,7 +24,8 @@ INLINE uint32_t mix32(uint32_t x) {
 
 /* The 24 SR bits of the element whose index in the original layout is idx. The element at (row r,
  * column k) of the moved (rows, K) view has idx = (r / inner) * K * inner + r % inner + k * inner, with
- * inner the size of the dims after the block axis. */
+ * inner the size of the dims after the block axis; or, where a row subset is quantized (row_base not NULL,
+ * inner 1), idx = row_base[r] + k. */
 INLINE uint32_t sr_hash(uint32_t k1, uint32_t k2, uint64_t idx) {
     return mix32(mix32((uint32_t)idx ^ k1) ^ k2 ^ (uint32_t)(idx >> 32)) >> 8;
 }
@@ -162,11 +163,11 @@ static void nvfp4_chunk(const float *restrict x, const float *restrict f, const 
 
 /* NVFP4 elements: codes of round(clamp(x * e_b, -6, 6)) packed two per byte (even index low). */
 void nvfp4_round_pack(const float *x, int64_t R, int64_t K, const float *e_b, int sr, uint32_t k1, uint32_t k2,
-                      int64_t inner, uint8_t *codes) {
+                      int64_t inner, const int64_t *row_base, uint8_t *codes) {
     float f[CHUNK], v[CHUNK];
     uint32_t rnd[CHUNK];
     for (int64_t r = 0; r < R; r++) {
-        uint64_t base = (uint64_t)((r / inner) * K * inner + r % inner);
+        uint64_t base = (uint64_t)(row_base ? row_base[r] : (r / inner) * K * inner + r % inner);
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
             chunk_setup(e_b + r * (K / 16), k0, n, 16, sr, k1, k2, base, (uint64_t)inner, f, rnd);
@@ -188,12 +189,13 @@ static void mx_chunk(const float *restrict x, const float *restrict f, const uin
 
 /* MXFP8 in one pass over x: per row chunk (in L1) the block amaxes, the E8M0 scales and the elements. */
 void mx_quantize(const float *x, int64_t R, int64_t K, int32_t mbits, int32_t bias, float maxv, int32_t emax,
-                 int floor_mode, int sr, uint32_t k1, uint32_t k2, int64_t inner, uint8_t *out, uint8_t *scales) {
+                 int floor_mode, int sr, uint32_t k1, uint32_t k2, int64_t inner, const int64_t *row_base, uint8_t *out,
+                 uint8_t *scales) {
     float f[CHUNK], amax[CHUNK / 16], factor[CHUNK / 32];
     uint8_t bad[CHUNK / 16];
     uint32_t rnd[CHUNK];
     for (int64_t r = 0; r < R; r++) {
-        uint64_t base = (uint64_t)((r / inner) * K * inner + r % inner);
+        uint64_t base = (uint64_t)(row_base ? row_base[r] : (r / inner) * K * inner + r % inner);
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
             const float *xc = x + r * K + k0;
@@ -205,21 +207,61 @@ void mx_quantize(const float *x, int64_t R, int64_t K, int32_t mbits, int32_t bi
     }
 }
 
-/* NVFP4 values: lut[code] * s_b * s_dec, in that order (lut: the 16 E2M1 values). */
-void nvfp4_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut, const float *scale, float s_dec,
-                      float *out) {
-    for (int64_t i = 0; i < R * K / 2; i++) {
-        float s = scale[i >> 3];
-        out[2 * i] = lut[codes[i] & 0xF] * s * s_dec;
-        out[2 * i + 1] = lut[codes[i] >> 4] * s * s_dec;
+/* NVFP4 values: e2m1(code) * s_b * s_dec, in that order. The E2M1 value comes from the code's bits
+ * (exponent field e, mantissa bit m: m / 2 for e = 0, else 2**(e-1) * (1 + m/2)) with masks, not
+ * branches or table lookups, so the loop vectorizes. */
+INLINE float e2m1_value(uint32_t code) {
+    uint32_t e = (code >> 1) & 3, m = code & 1;
+    uint32_t normal = ((e + 126) << 23) | (m << 22), half = m ? 0x3F000000u : 0;   /* 0.5 or 0 */
+    uint32_t is_normal = -(uint32_t)(e != 0);
+    return float_of((normal & is_normal) | (half & ~is_normal) | ((code & 8) << 28));
+}
+
+void nvfp4_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *scale, float s_dec, float *out) {
+    uint8_t nib[CHUNK];
+    float f[CHUNK];
+    for (int64_t k0 = 0; k0 < R * K; k0 += CHUNK) {   /* R * K is a multiple of 16 */
+        int64_t n = R * K - k0 < CHUNK ? R * K - k0 : CHUNK;
+        for (int64_t i = 0; i < n / 2; i++) {
+            uint8_t byte = codes[k0 / 2 + i];
+            nib[2 * i] = byte & 0xF;
+            nib[2 * i + 1] = byte >> 4;
+        }
+        for (int64_t b = 0; b < n / 16; b++)
+            for (int t = 0; t < 16; t++) f[b * 16 + t] = scale[k0 / 16 + b];
+        for (int64_t j = 0; j < n; j++) out[k0 + j] = e2m1_value(nib[j]) * f[j] * s_dec;
     }
 }
 
-/* MXFP8 values: lut[code] * 2**(scale - 127) (lut: torch's fp32 value of every FP8 byte). */
-void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut, const float *scale, float *out) {
-    for (int64_t i = 0; i < R * K; i++) {
-        float v = lut[codes[i]], s = scale[i >> 5];
-        out[i] = s != s ? s : v * s;   /* as the reference's product: a NaN scale's NaN wins */
+/* rounding_ref.e8m0_decode: 2**(code - 127), 2**-127 (an fp32 subnormal) for code 0, NaN for 255. */
+INLINE float e8m0_value(uint8_t code) {
+    return float_of(code == 255 ? 0x7FC00000u : (code ? (uint32_t)code << 23 : 0x00200000u));
+}
+
+/* MXFP8 values: fp8(code) * 2**(scale - 127) (a NaN scale's NaN wins, as in the reference's product). Finite codes decode from their bits; a block holding an Inf/NaN code (exponent
+ * field all ones: E5M2 0x7C.., E4M3FN 0x7F) takes those from lut (torch's fp32 value of every FP8 byte). */
+void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut, const uint8_t *scale, int32_t mbits,
+                   int32_t bias, float *out) {
+    uint32_t mmask = (1u << mbits) - 1, special_min = mbits == 3 ? 0x7F : 0x7C;
+    float sub_unit = pow2(1 - bias - mbits);
+    for (int64_t b = 0; b < R * K / 32; b++) {
+        const uint8_t *c = codes + b * 32;
+        float *o = out + b * 32;
+        float s = e8m0_value(scale[b]);
+        if (s != s) {
+            for (int j = 0; j < 32; j++) o[j] = s;
+            continue;
+        }
+        uint32_t special = 0;
+        for (int j = 0; j < 32; j++) {
+            uint32_t code = c[j], c7 = code & 0x7F, e = c7 >> mbits, m = c7 & mmask;
+            uint32_t normal = ((e + 127 - (uint32_t)bias) << 23) | (m << (23 - mbits));
+            uint32_t sub = bits_of((float)(int32_t)m * sub_unit), is_normal = -(uint32_t)(e != 0);
+            special |= c7 >= special_min;
+            o[j] = float_of((normal & is_normal) | (sub & ~is_normal) | ((code & 0x80) << 24)) * s;
+        }
+        if (special)
+            for (int j = 0; j < 32; j++) o[j] = lut[c[j]] * s;
     }
 }
 
