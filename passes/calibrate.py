@@ -1,20 +1,22 @@
 """Calibration: run the partitioned graphs in high precision through an fx Interpreter and measure,
 for every GEMM and candidate configuration, the error the rewrite would make.
 
-Per GEMM and candidate (on at most ``SAMPLED_ROWS`` evenly spaced output rows: the operands are
-quantized whole, only the product and its error statistics are sampled): relative error
+Per GEMM and candidate (on about ``SAMPLED_ROWS`` evenly spaced output rows and at most as many
+columns: only those rows of the first operand and columns of the second are quantized, with the whole
+operand's tensor scale and SR bits, so each measured output is exactly what the graph computes): relative error
 ``|Ŷ-Y|²/|Y|²`` (noise), relative bias ``mean((Ŷ-Y)·sign(Y)) / mean|Y|`` (signed error against the
 signal), and for fprop GEMMs the loss-aware score ``Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y²``, with ∂L/∂Y taken
 from the gradient operand of the same site's backward GEMMs when they run. Ŷ comes from the same
-quantize calls the rewritten graph makes, so what is measured is what will run. The sums are taken in
-float64 on values divided by the exact product's max, so the scores do not depend on the data's scale.
+quantize calls the rewritten graph makes, so what is measured is what will run. The exact product and
+the sums are computed in fp32 (float64 where the product's range demands it, and for grouped GEMMs) on
+values divided by the exact product's max, so the scores do not depend on the data's scale.
 A GEMM whose operands hold NaN/Inf is not measured: its ``problems`` entry says so, and the plan runs
 it in BF16.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -99,26 +101,29 @@ class Calibration:
         default_factory=dict)
 
     def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag,
-                rows: torch.Tensor | None = None, cache: dict | None = None) -> torch.Tensor:
-        """The product the rewritten graph would compute under candidate ``c``, in fp32; with ``rows``,
-        only those rows of it (the operands are still quantized whole, as the graph quantizes them).
-        ``cache`` shares operand quantizations between the candidates of one GEMM."""
+                rows: slice | None = None, cols: slice | None = None,
+                cache: dict | None = None) -> torch.Tensor:
+        """The product the rewritten graph would compute under candidate ``c``, in fp32; with ``rows`` /
+        ``cols``, only those rows / columns of it (``bias``: those columns'). The sampled rows of ``a`` and
+        columns of ``b`` are quantized with the whole operand's scales and SR bits: exactly what the graph
+        computes there. ``cache`` shares operand quantizations between the candidates of one GEMM."""
         if c.fmt == "bf16":
-            a16 = a.bfloat16() if rows is None else a[..., rows, :].bfloat16()
-            return dispatch.scaled_mm(a16, b.bfloat16(), bias)
+            return dispatch.scaled_mm(_pick(a, rows, 0).bfloat16(), _pick(b, cols, 1).bfloat16(), bias)
         cache = {} if cache is None else cache
         ops = []
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             key = (which, c.fmt, axis, rounding, tile2d, c.rht)
             if key not in cache:
-                cache[key] = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
-                                               tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
-                                               rht_signs=rht_signs(self.rht_seed))
+                index = (rows, cols)[which]  # 16x16 weight tiles tie rows: those are quantized whole, then sampled
+                q = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which], tile2d=tile2d,
+                                      scale_mode=self.mx_scale, rht=c.rht, rht_signs=rht_signs(self.rht_seed),
+                                      rows=None if tile2d else index)
+                cache[key] = _pick(dispatch.dequantize(q), index, which) if tile2d and index is not None else q
             ops.append(cache[key])
-        if rows is None:
+        if rows is None and cols is None:
             return dispatch.scaled_mm(ops[0], ops[1], bias)
-        y = torch.matmul(_row_values(ops[0], rows), dispatch.dequantize(ops[1]))
+        y = torch.matmul(*(dispatch.dequantize(q) if isinstance(q, QuantizedTensor) else q for q in ops))
         return y if bias is None else y + bias
 
     def emulate_grouped(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, c: Candidate,
@@ -140,21 +145,22 @@ class Calibration:
             return
         if tag.layout is not None:
             full = grouped_mm(a32.double(), b32.double(), offs)
-            rows = sampled_rows(full.flatten(0, -2).shape[0])
+            rows, cols = sampled_rows(full.flatten(0, -2).shape[0]), None
             exact = full.flatten(0, -2) if rows is None else full.flatten(0, -2)[rows]
             self._count_tokens(tag.key, offs)
         else:
-            rows = sampled_rows(a32.shape[-2])
-            a_rows = a32 if rows is None else a32[..., rows, :]
-            exact = torch.matmul(a_rows.double(), b32.double()) + (0 if bias32 is None else bias32.double())
+            rows, cols = sampled_rows(a32.shape[-2], a32.shape[:-2].numel()), sampled_rows(b32.shape[-1])
+            bias32 = _pick(bias32, cols, 1)
+            exact = _exact_product(_pick(a32, rows, 0), _pick(b32, cols, 1), bias32)
         if exact.numel() == 0 or a32.shape[-1] == 0:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
-        exact = exact / scale
-        energy, sign, mean_abs = _dot(exact, exact), exact.sign(), exact.abs().mean()  # shared by the candidates
+        exact = exact / scale  # the candidates' errors are computed in its dtype
+        energy, mean_abs, sign = _dot(exact, exact), exact.abs().mean(), exact.sign()  # shared by the candidates
         has_weight = tag.weight_operand is not None
         errors, cache = {}, {}
         out = self.stats.setdefault(tag.key, {})
+        qa, qb = (_blocked_copy(x, x.ndim - 1 - which) for which, x in enumerate((a32, b32)))
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c, tag.weight_operand, tag.layout):
                 continue
@@ -164,14 +170,14 @@ class Calibration:
                 per_group = _group_errors(y.double(), full, offs, tag.layout)
                 y = y.flatten(0, -2) if rows is None else y.flatten(0, -2)[rows]
             else:
-                y = self.emulate(a32, b32, bias32, c, tag, rows, cache)
-            diff = y.double().div_(scale).sub_(exact)
+                y = self.emulate(qa, qb, bias32, c, tag, rows, cols, cache)
+            diff = _normalized(y, scale, exact.dtype).sub_(exact)
             add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs),
                                   group_err=per_group))
             errors[c] = diff
         if role is MatmulRole.FPROP and tag.layout in (None, "2d3d"):  # rows of the output are tokens
             full_shape = (*a32.shape[:-1], b32.shape[-1])
-            self._fwd_error[tag.pair] = (tag.key, exact, errors, full_shape)
+            self._fwd_error[tag.pair] = (tag.key, exact, errors, full_shape, cols)
         elif tag.grad_operand is not None and tag.pair in self._fwd_error:
             self._loss_scores(tag.pair, (a32, b32)[tag.grad_operand])
 
@@ -190,14 +196,13 @@ class Calibration:
         return tuple(t / n for t in total)
 
     def _loss_scores(self, pair: tuple[int, int], grad: torch.Tensor) -> None:
-        fprop_key, exact, errors, full_shape = self._fwd_error[pair]
+        fprop_key, exact, errors, full_shape, cols = self._fwd_error[pair]
         if grad.shape != full_shape:
             grad = grad.transpose(-1, -2)
         if grad.shape != full_shape:
             return
-        rows = sampled_rows(grad.shape[-2])  # the rows the forward's error was measured on
-        grad = grad if rows is None else grad[..., rows, :]
-        grad = grad.double()
+        rows = sampled_rows(grad.shape[-2], grad.shape[:-2].numel())  # the rows the forward was measured on
+        grad = _pick(_pick(grad, rows, 0), cols, 1).to(exact.dtype)
         g = grad / _scale_of(grad)
         ge = g * exact
         denom = _dot(ge, ge)
@@ -229,21 +234,21 @@ class Calibration:
 SAMPLED_ROWS = 256
 
 
-def sampled_rows(m: int) -> torch.Tensor | None:
-    """The output rows calibration measures a GEMM on: every k-th of ``m`` rows (tokens for fprop and
-    dgrad, output features for wgrad) so that at most ``SAMPLED_ROWS`` remain; None keeps all. The
-    operands are quantized whole, so each measured row is exactly what the graph computes."""
-    step = -(-m // SAMPLED_ROWS)
-    return None if step <= 1 else torch.arange(0, m, step)
+def sampled_rows(m: int, batch: int = 1) -> slice | None:
+    """The output rows calibration measures a GEMM on: every k-th of the ``m`` rows of each of ``batch``
+    products (tokens for fprop and dgrad, output features for wgrad; the batch of an attention product)
+    so that about ``SAMPLED_ROWS`` remain in all (at least one per product); None keeps all. Those rows
+    are quantized with the whole operand's scales and SR bits: each is exactly what the graph computes.
+    A slice, so that picking them is a view."""
+    step = min(-(-m * batch // SAMPLED_ROWS), m)
+    return None if step <= 1 else slice(0, m, step)
 
 
-def _row_values(q: QuantizedTensor, rows: torch.Tensor) -> torch.Tensor:
-    """fp32 values of ``rows`` of a matmul's first operand (blocked along its last dim): only those rows
-    are decoded, unless 16-row tiles tie rows together."""
-    if q.tile_rows > 1:
-        return dispatch.dequantize(q)[..., rows, :]
-    shape = torch.Size((*q.shape[:-2], len(rows), q.shape[-1]))
-    return dispatch.dequantize(replace(q, codes=q.codes[..., rows, :], scales=q.scales[..., rows, :], shape=shape))
+def _pick(x: torch.Tensor | None, index: slice | None, which: int) -> torch.Tensor | None:
+    """The sampled rows (``which`` 0: dim -2) or columns (1: the last dim) of a matrix or batch of them."""
+    if x is None or index is None:
+        return x
+    return x[..., index, :] if which == 0 else x[..., index]
 
 
 def _group_errors(y: torch.Tensor, exact: torch.Tensor, offs: torch.Tensor | None, layout: str) -> tuple[float, ...]:
@@ -256,11 +261,39 @@ def _group_errors(y: torch.Tensor, exact: torch.Tensor, offs: torch.Tensor | Non
 
 
 def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
-    """Which operands hold NaN/Inf (None when all are finite): a float64 sum of fp32 values cannot
-    overflow, so it is finite exactly when every value is (one pass, nothing materialised)."""
+    """Which operands hold NaN/Inf (None when all are finite). A finite fp32 sum proves every value
+    finite (one fast pass); a sum that overflowed is checked again with min and max, which propagate NaN."""
     bad = [name for name, t in (("a", a), ("b", b), ("bias", bias))
-           if t is not None and not torch.isfinite(t.sum(dtype=torch.float64))]
+           if t is not None and t.numel() and not torch.isfinite(t.sum())
+           and not torch.isfinite(torch.stack(torch.aminmax(t))).all()]
     return f"calibration saw NaN/Inf in operand {' and '.join(bad)}" if bad else None
+
+
+# products whose max lies in this range are compared in fp32 (their own rounding error, ~1e-7 relative,
+# is far below any candidate's; 1/max is a normal fp32 number), others in float64
+FP32_SCALES = (2.0**-100, 2.0**100)
+
+
+def _exact_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``a @ b + bias`` from the fp32 operands: in fp32 where its max lies in ``FP32_SCALES``, else in
+    float64 (data near the ends of fp32's range, where an fp32 product would underflow or overflow)."""
+    y = torch.matmul(a, b)
+    y = y if bias is None else y + bias
+    if y.numel() == 0 or FP32_SCALES[0] <= float(y.abs().max()) <= FP32_SCALES[1]:
+        return y
+    y = torch.matmul(a.double(), b.double())
+    return y if bias is None else y + bias.double()
+
+
+def _normalized(y: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A candidate's product divided by the exact product's max, as a new tensor of the exact's ``dtype``."""
+    return y.float() / float(scale) if dtype == torch.float32 else y.double().div_(scale)
+
+
+def _blocked_copy(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """``x`` with its block axis contiguous in memory (same values, same shape): the candidates'
+    quantizers then read it in place instead of each moving the axis themselves."""
+    return x.movedim(axis, -1).contiguous().movedim(-1, axis)
 
 
 def _scale_of(t: torch.Tensor) -> torch.Tensor:
@@ -271,7 +304,7 @@ def _scale_of(t: torch.Tensor) -> torch.Tensor:
 
 
 def _dot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Σ x·y over all elements in one pass (float64 BLAS dot)."""
+    """Σ x·y over all elements in one pass (a BLAS dot in the operands' dtype)."""
     return torch.dot(x.reshape(-1), y.reshape(-1))
 
 
