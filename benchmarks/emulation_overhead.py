@@ -6,7 +6,8 @@ All plans run the same rewritten graphs (quantize + scaled_mm custom ops); BF16 
 operands, MXFP8 / NVFP4 quantize them bit-exactly with the fused C kernels (kernels/cpu_fused.py; the
 default on CPU). AUTOPREC_KERNELS=ref_inductor (the reference compiled by inductor) or =ref (eager
 reference) time the older paths. The auto row times calibration steps (``calibrate`` = warmup + steps,
-so every timed step measures). For context it also times plain eager and torchao's emulated MXFP8
+so every timed step measures). The models take turns step by step, so load drifts on a shared machine
+affect every ratio alike. For context it also times plain eager and torchao's emulated MXFP8
 training recipe (``MXFP8TrainingOpConfig``, kernel_preference EMULATED: MXFP8 fprop, dgrad and wgrad of
 every Linear) on the same model, or says why it cannot run.
 """
@@ -28,15 +29,18 @@ import torch
 from gpt_model import TinyGPT, tokens
 
 
-def step_seconds(model, args) -> float:
+def step_seconds(models: dict[str, torch.nn.Module], args) -> dict[str, float]:
+    """Median training-step time of each model. The models take turns step by step (after ``warmup``
+    steps each), so the machine's load drifts affect every ratio alike."""
     idx, tgt = tokens(batch=args.batch, ctx=args.ctx, vocab=256)
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in models}
     for i in range(args.warmup + args.steps):
-        start = time.perf_counter()
-        model(idx, tgt).backward()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, model in models.items():
+            start = time.perf_counter()
+            model(idx, tgt).backward()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def torchao_mxfp8(base: TinyGPT):
@@ -63,19 +67,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     base = TinyGPT(vocab=256, d=args.d, layers=args.layers, heads=4, ctx=args.ctx)
-    rows = [("eager fp32", step_seconds(copy.deepcopy(base), args))]
+    models = {"eager fp32": copy.deepcopy(base)}
     for recipe in ("bf16", "mxfp8", "nvfp4", "nvfp4_nvidia"):
-        compiled = torch.compile(copy.deepcopy(base), backend="autoprec", options={"recipe": recipe})
-        rows.append((f"autoprec {recipe}", step_seconds(compiled, args)))
-    calibrating = torch.compile(copy.deepcopy(base), backend="autoprec",
-                                options={"recipe": "auto", "calibrate": args.warmup + args.steps + 1})
-    rows.append(("autoprec auto (calibrating)", step_seconds(calibrating, args)))
+        models[f"autoprec {recipe}"] = torch.compile(copy.deepcopy(base), backend="autoprec",
+                                                     options={"recipe": recipe})
+    models["autoprec auto (calibrating)"] = torch.compile(
+        copy.deepcopy(base), backend="autoprec", options={"recipe": "auto", "calibrate": args.warmup + args.steps + 1})
     model, why_not = torchao_mxfp8(base)
     if model is not None:
         try:
-            rows.append(("torchao MXFP8 emulated", step_seconds(model, args)))
+            model(*tokens(batch=args.batch, ctx=args.ctx, vocab=256)).backward()
+            models["torchao MXFP8 emulated"] = model
         except Exception as exc:
             why_not = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    rows = list(step_seconds(models, args).items())
     table = dict(rows)
     bf16 = table["autoprec bf16"]
     print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}; median of {args.steps} steps; "

@@ -1,11 +1,12 @@
-"""The fused CPU quantizer: ``csrc/quantize_cpu.c`` built on first use with the system C compiler and
-called through ctypes. Bit-identical to the pure-torch references (the suite compares them on edge
-data for every format and option). NVFP4's tensor scale S_enc is the reference's own torch code; the
+"""The fused CPU quantizer: ``csrc/`` (row kernels, column kernels for blocks that run across memory
+rows, shared element arithmetic) built on first use with the system C compiler and called through
+ctypes. Bit-identical to the pure-torch references (the suite compares them on edge data for every
+format and option, in both memory layouts). NVFP4's tensor scale S_enc is the reference's own torch code; the
 per-block scale chains (E4M3 scales, E8M0 exponents) and the per-element work (RHT, rounding with the
 SR bits hashed in place, packing, decoding) are C loops that repeat the references' fp32 operations.
 
 ``AUTOPREC_CC`` names the compiler (default ``cc``); the library is cached under ``AUTOPREC_CACHE``
-(default ``~/.cache/autoprec``, or the temp dir without a home directory), keyed by the source, flags,
+(default ``~/.cache/autoprec``, or the temp dir without a home directory), keyed by the sources, flags,
 compiler and CPU.
 """
 from __future__ import annotations
@@ -24,10 +25,11 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
 from autoprec.kernels.mxfp8_ref import MX_BLOCK
 from autoprec.kernels.nvfp4_ref import BLOCK, nvfp4_encode_scale, scale_to_block
-from autoprec.kernels.quantized import QuantizedTensor, blocked_view, normalize_axis
+from autoprec.kernels.quantized import QuantizedTensor, blocked_view, check_blocks, normalize_axis
 from autoprec.kernels.random_bits import stream_keys
 
-SOURCE = Path(__file__).with_name("csrc") / "quantize_cpu.c"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = [CSRC / "quantize_cpu.c", CSRC / "quantize_cols.c"]
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
          "-shared", "-fPIC"]
 _I64, _F32, _U32, _INT, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
@@ -39,6 +41,10 @@ SIGNATURES = {
     "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _F32, _PTR],
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
+    "mx_quantize_cols": [_PTR, _I64, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _I64, _PTR,
+                         _PTR],
+    "nvfp4_quantize_cols": [_PTR, _I64, _I64, _I64, _F32, _F32, _INT, _U32, _U32, _I64, _I64, _PTR, _PTR],
+    "rht16_cols": [_PTR, _I64, _I64, _I64, _PTR, _PTR],
 }
 
 
@@ -68,7 +74,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         return None, f"no C compiler ({cc}: {exc}); set AUTOPREC_CC"
-    src = SOURCE.read_bytes()
+    src = b"".join(f.read_bytes() for f in [*SOURCES, CSRC / "numerics.h"])
     key = hashlib.sha256(src + " ".join(FLAGS + [version, _cpu_key()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     lib = cache / f"quantize_cpu_{key}.so"
@@ -77,9 +83,10 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then moved: safe across processes
                 out = Path(tmp) / lib.name
-                run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
+                run = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(out), "-lm"], capture_output=True,
+                                     text=True)
                 if run.returncode:
-                    return None, f"{cc} failed to build {SOURCE.name}: {run.stderr.strip()[:300]}"
+                    return None, f"{cc} failed to build {CSRC}: {run.stderr.strip()[:300]}"
                 os.replace(out, lib)
         dll = ctypes.CDLL(str(lib))
     except OSError as exc:
@@ -127,11 +134,14 @@ def _sr_keys(seed: int | None) -> tuple[int, int, int]:
     return 1, k1, k2
 
 
+def _rht_coefs(signs: torch.Tensor | None) -> torch.Tensor:
+    """coef_t[j, i] = H[i, j] * s_j of the RHT with these signs (the default seed's when None)."""
+    return rht_matrix(rht_signs() if signs is None else signs).t().contiguous()
+
+
 def _rht(xm: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
-    m = rht_matrix(rht_signs() if signs is None else signs)
-    coef_t = m.t().contiguous()  # coef_t[j, i] = H[i, j] * s_j
     y = torch.empty_like(xm)
-    _call("rht16", xm, xm.numel() // xm.shape[-1], xm.shape[-1], coef_t, y)
+    _call("rht16", xm, xm.numel() // xm.shape[-1], xm.shape[-1], _rht_coefs(signs), y)
     return y
 
 
@@ -144,16 +154,60 @@ def _amax(xm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return amax, bad
 
 
+def _tensor_scale(tensor_amax: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """NVFP4's factor f = S_enc * fp32(1/6) for the block scales and S_dec = 1/S_enc, from the reference's
+    own functions."""
+    s_enc = nvfp4_encode_scale(tensor_amax)
+    return float(scale_to_block(s_enc)), 1.0 / s_enc
+
+
 def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, tensor_amax: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reference's scale chain (``nvfp4_core``) with the per-block part in C: S_enc and its factor
-    come from the reference's own functions (``tensor_amax``: the whole tensor's, when these blocks are
-    a subset of its rows)."""
-    s_enc = nvfp4_encode_scale(amax.amax() if tensor_amax is None else tensor_amax)
-    s_dec = 1.0 / s_enc
+    """The reference's scale chain (``nvfp4_core``) with the per-block part in C (``tensor_amax``: the
+    whole tensor's, when these blocks are a subset of its rows)."""
+    f, s_dec = _tensor_scale(amax.amax() if tensor_amax is None else tensor_amax)
     s_b, e_b = torch.empty_like(amax), torch.empty_like(amax)
-    _call("nvfp4_scales", amax, bad, amax.numel(), float(scale_to_block(s_enc)), float(s_dec), s_b, e_b)
+    _call("nvfp4_scales", amax, bad, amax.numel(), f, float(s_dec), s_b, e_b)
     return s_b, e_b, s_dec
+
+
+def _column_source(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, int, int] | None:
+    """For an input whose blocks run across memory rows (a (tokens, features) tensor blocked along the
+    tokens, or a transposed view blocked along its last dim): the contiguous (B, K, R) array the column
+    kernels read in place, and the (row, K) strides of the logical index for the SR bits. None otherwise."""
+    v = x.movedim(axis, -1)
+    if v.ndim < 2 or v.is_contiguous() or not v.transpose(-1, -2).is_contiguous():
+        return None
+    rows, k = v.shape[-2], v.shape[-1]
+    inner = int(torch.Size(x.shape[axis + 1:]).numel())
+    if inner not in (1, rows):
+        return None
+    return v.transpose(-1, -2), (k, 1) if inner == 1 else (1, rows)
+
+
+def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axis: int, shape: torch.Size,
+                   seed: int | None, scale_mode: str, rht: bool, rht_signs: torch.Tensor | None) -> QuantizedTensor:
+    """``quantize_cpu`` through the column kernels (``src``, ``strides``: from ``_column_source``)."""
+    k, rows = src.shape[-2], src.shape[-1]
+    batch = src.numel() // (k * rows)
+    if rht:
+        y = torch.empty_like(src)
+        _call("rht16_cols", src, batch, k, rows, _rht_coefs(rht_signs), y)
+        src = y
+    sr, k1, k2 = _sr_keys(seed)
+    stored = src.shape[:-2] + (rows, k)
+    if fmt is NVFP4:
+        f, s_dec = _tensor_scale(_amax(src.reshape(-1, BLOCK))[0].amax())
+        codes = torch.empty(stored[:-1] + (k // 2,), dtype=torch.uint8)
+        s_b = torch.empty(stored[:-1] + (k // BLOCK,), dtype=torch.float32)
+        _call("nvfp4_quantize_cols", src, batch, k, rows, f, float(s_dec), sr, k1, k2, *strides, codes, s_b)
+        return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, shape)
+    elems = torch.empty(stored, dtype=torch.uint8)
+    scales = torch.empty(stored[:-1] + (k // MX_BLOCK,), dtype=torch.uint8)
+    e = fmt.elem
+    _call("mx_quantize_cols", src, batch, k, rows, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1,
+          k2, *strides, elems, scales)
+    return QuantizedTensor(fmt, elems.view(e.torch_dtype), scales, None, axis, shape)
 
 
 def _row_bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor) -> torch.Tensor:
@@ -182,6 +236,11 @@ def quantize_cpu(
     tensor's tensor scale and SR bits."""
     axis = normalize_axis(axis, x.ndim)
     tile_rows = BLOCK if tile2d else 1
+    if rows is None and not tile2d:
+        check_blocks(x, fmt, axis)
+        cols = _column_source(x.to(torch.float32), axis)
+        if cols is not None:
+            return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs)
     full_shape = x.shape
     tensor_amax = row_base = None
     if rows is not None:

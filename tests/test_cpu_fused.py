@@ -43,6 +43,35 @@ def test_fused_quantize_matches_reference(fi, axis, sr, rht):
         assert bits_equal(cpu_fused.dequantize_cpu(got).contiguous(), dequantize_ref(want).contiguous())
 
 
+COLUMN_INPUTS = {  # blocks that run across memory rows: (tensor, block axis)
+    "tokens-of-activation": (lambda: edge_tensor(64, 96), 0),
+    "transposed-view": (lambda: edge_tensor(96, 64, seed=2).t(), 1),
+    "batched": (lambda: torch.randn(2, 64, 48) * 50, 1),
+    "batched-transposed-view": (lambda: torch.randn(2, 64, 40).transpose(1, 2), 2),
+}
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize("rounding,rht", [("rne", False), ("sr", False), ("sr", True)])
+@pytest.mark.parametrize("case", list(COLUMN_INPUTS))
+def test_column_kernels_read_in_place_and_match_the_reference(monkeypatch, fmt, rounding, rht, case):
+    """Operands blocked across memory rows (a wgrad operand's tokens) go through the column kernels,
+    without a transposed copy, and give the reference's bits: codes, scales, SR bits, RHT."""
+    make, axis = COLUMN_INPUTS[case]
+    x = make()
+    used = []
+    real = cpu_fused._quantize_cols
+    monkeypatch.setattr(cpu_fused, "_quantize_cols", lambda *a, **k: used.append(1) or real(*a, **k))
+    got = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=21, rht=rht, rht_signs=rht_signs(4))
+    xr = rht_ref(x, axis, rht_signs(4)) if rht else x
+    want = quantize_ref(xr, fmt, axis, rounding=rounding, rand=sr_bits(x.shape, 21) if rounding == "sr" else None)
+    assert used
+    assert bits_equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8))
+    assert bits_equal(got.scales, want.scales)
+    assert want.tensor_scale is None or bits_equal(got.tensor_scale, want.tensor_scale)
+    assert bits_equal(dispatch.dequantize(got).contiguous(), dequantize_ref(want).contiguous())
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
 @pytest.mark.parametrize("rounding", ["rne", "sr"])
 @pytest.mark.parametrize("shape", [(64, 96), (3, 40, 64)])

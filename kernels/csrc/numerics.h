@@ -1,0 +1,110 @@
+/* Element arithmetic shared by the fused CPU kernels (quantize_cpu.c: rows, quantize_cols.c: columns).
+ * Each function repeats a pure-torch reference (kernels/*_ref.py) operation for operation in fp32. */
+#ifndef AUTOPREC_NUMERICS_H
+#define AUTOPREC_NUMERICS_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+INLINE float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+INLINE float pow2(int32_t e) { return float_of((uint32_t)(e + 127) << 23); }
+INLINE int32_t floor_log2(float a) { return (int32_t)((bits_of(a) >> 23) & 0xFF) - 127; }
+
+INLINE uint32_t mix32(uint32_t x) {
+    x ^= x >> 16; x *= 0x21F0AAADu; x ^= x >> 15; x *= 0x735A2D97u; return x ^ (x >> 15);
+}
+
+/* The 24 SR bits of the element whose index in the original layout is idx. The element at (row r,
+ * column k) of the moved (rows, K) view has idx = (r / inner) * K * inner + r % inner + k * inner, with
+ * inner the size of the dims after the block axis; or, where a row subset is quantized (row_base not NULL,
+ * inner 1), idx = row_base[r] + k. */
+INLINE uint32_t sr_hash(uint32_t k1, uint32_t k2, uint64_t idx) {
+    return mix32(mix32((uint32_t)idx ^ k1) ^ k2 ^ (uint32_t)(idx >> 32)) >> 8;
+}
+
+/* rounding_ref.round_to_element: fp32 onto the grid (mbits, emin, max), RNE or SR; canonical NaN. */
+INLINE float round_to_element(float x, int32_t mbits, int32_t emin, float maxv, int sr, uint32_t rand) {
+    uint32_t xb = bits_of(x);
+    float a = float_of(xb & 0x7FFFFFFFu);
+    a = a > maxv ? maxv : a;                      /* torch.clamp(max=): NaN stays NaN */
+    int32_t e = floor_log2(a);
+    e = (e < emin ? emin : e) - mbits;
+    float s = a * pow2(-e);
+    float r;
+    if (sr) {
+        float lo = (float)(int32_t)s;   /* floor: 0 <= s < 2**23 (NaN is replaced below) */
+        float u = (float)(int32_t)(rand & 0xFFFFFFu) * 0x1p-24f;   /* exact: < 2**24 */
+        r = lo + (float)(u < (s - lo));
+    } else {
+        r = (s + 8388608.0f) - 8388608.0f;
+    }
+    float mag = r * pow2(e);
+    float out = float_of(bits_of(mag) | (xb & 0x80000000u));
+    return x != x ? float_of(0x7FC00000u) : out;
+}
+
+INLINE uint8_t e2m1_encode(float v) {
+    uint32_t b = bits_of(v);
+    float a = float_of(b & 0x7FFFFFFFu);
+    int32_t exp_field = (int32_t)((b >> 23) & 0xFF);
+    int32_t mag = a >= 1.0f ? (((exp_field - 126) << 1) | (int32_t)((b >> 22) & 1)) : (int32_t)(a * 2.0f);
+    return (uint8_t)(v != v ? 0 : (uint32_t)mag | ((b >> 28) & 0x8));
+}
+
+/* Per block of `block` values along K: max |x| over the finite values, and whether any is NaN/Inf.
+ * Non-negative floats order as their bits, so the max runs on integers (and vectorizes). */
+INLINE void amax_blocks(const float *x, int64_t nblocks, int block, float *amax, uint8_t *bad) {
+    const uint32_t *u = (const uint32_t *)x;
+    for (int64_t i = 0; i < nblocks; i++) {
+        uint32_t m = 0, nf = 0;
+        for (int j = 0; j < block; j++) {
+            uint32_t b = u[i * block + j] & 0x7FFFFFFFu;
+            uint32_t inf_or_nan = b >= 0x7F800000u;
+            nf |= inf_or_nan;
+            b = inf_or_nan ? 0 : b;
+            m = b > m ? b : m;
+        }
+        amax[i] = float_of(m);
+        bad[i] = (uint8_t)nf;
+    }
+}
+
+/* mxfp8_ref's E8M0 exponents from block amaxes: RCEIL clamp(ceil(log2(amax / max)), -127, 127) from the bits
+ * of the fp32 quotient, or FLOOR floor(log2 amax) - emax; the scale byte (255 where bad) and 2**-e. */
+INLINE void mx_scales(const float *amax, const uint8_t *bad, int64_t n, float maxv, int32_t emax, int floor_mode,
+                      uint8_t *scales, float *factor) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t e;
+        if (floor_mode) {
+            e = amax[i] > 0.0f ? floor_log2(amax[i]) - emax : -127;
+        } else {
+            float q = amax[i] / maxv;
+            int32_t normal = floor_log2(q) + (int32_t)((bits_of(q) & 0x7FFFFF) != 0);
+            int32_t tiny = q > 0x1p-127f ? -126 : -127;
+            e = q >= 0x1p-126f ? normal : tiny;
+        }
+        e = e < -127 ? -127 : (e > 127 ? 127 : e);
+        scales[i] = bad[i] ? 255 : (uint8_t)(e + 127);
+        factor[i] = pow2(-e);
+    }
+}
+
+/* An fp32 value on an FP8 grid (E4M3FN: bias 7; E5M2: bias 15; NaN 0x7F) as its byte. */
+INLINE uint8_t fp8_encode(float v, int32_t mbits, int32_t bias) {
+    uint32_t b = bits_of(v);
+    uint32_t sign = (b >> 24) & 0x80;
+    float a = float_of(b & 0x7FFFFFFFu);
+    int32_t emin = 1 - bias;
+    int32_t e = floor_log2(a);
+    uint32_t sub = (uint32_t)(int32_t)(a * pow2(mbits - emin));            /* a / 2**(emin - mbits) */
+    uint32_t normal = ((uint32_t)(e + bias) << mbits) | ((b >> (23 - mbits)) & ((1u << mbits) - 1));
+    uint32_t out = sign | (e < emin ? sub : normal);
+    return (uint8_t)(v != v ? 0x7F : out);
+}
+
+void nvfp4_scales(const float *amax, const uint8_t *bad, int64_t n, float f, float s_dec, float *s_b, float *e_b);
+
+#endif
