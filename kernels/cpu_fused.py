@@ -1,9 +1,9 @@
 """The fused CPU quantizer: ``csrc/`` (row kernels, column kernels for blocks that run across memory
 rows, shared element arithmetic) built on first use with the system C compiler and called through
 ctypes. Bit-identical to the pure-torch references (the suite compares them on edge data for every
-format and option, in both memory layouts). NVFP4's tensor scale S_enc is the reference's own torch code; the
-per-block scale chains (E4M3 scales, E8M0 exponents) and the per-element work (RHT, rounding with the
-SR bits hashed in place, packing, decoding) are C loops that repeat the references' fp32 operations.
+format and option, in both memory layouts). The scale chains (NVFP4's tensor scale, E4M3 block scales,
+E8M0 exponents) and the per-element work (RHT, rounding with the SR bits hashed in place, packing,
+decoding) are C loops that repeat the references' fp32 operations.
 
 ``AUTOPREC_CC`` names the compiler (default ``cc``); the library is cached under ``AUTOPREC_CACHE``
 (default ``~/.cache/autoprec``, or the temp dir without a home directory), keyed by the sources, flags,
@@ -24,7 +24,7 @@ import torch
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
 from autoprec.kernels.mxfp8_ref import MX_BLOCK
-from autoprec.kernels.nvfp4_ref import BLOCK, nvfp4_encode_scale, scale_to_block
+from autoprec.kernels.nvfp4_ref import BLOCK
 from autoprec.kernels.quantized import QuantizedTensor, blocked_view, check_blocks, normalize_axis
 from autoprec.kernels.random_bits import stream_keys
 
@@ -41,6 +41,7 @@ SIGNATURES = {
     "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _F32, _PTR],
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
+    "nvfp4_tensor_scale": [_PTR, _I64, _PTR],
     "mx_quantize_cols": [_PTR, _I64, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _I64, _PTR,
                          _PTR],
     "nvfp4_quantize_cols": [_PTR, _I64, _I64, _I64, _F32, _F32, _INT, _U32, _U32, _I64, _I64, _PTR, _PTR],
@@ -154,18 +155,20 @@ def _amax(xm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return amax, bad
 
 
-def _tensor_scale(tensor_amax: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """NVFP4's factor f = S_enc * fp32(1/6) for the block scales and S_dec = 1/S_enc, from the reference's
-    own functions."""
-    s_enc = nvfp4_encode_scale(tensor_amax)
-    return float(scale_to_block(s_enc)), 1.0 / s_enc
+def _tensor_scale(values: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """NVFP4's factor f = S_enc * fp32(1/6) for the block scales and S_dec = 1/S_enc, from the finite max
+    |.| of ``values`` (contiguous fp32: the block amaxes, or the whole tensor), as ``nvfp4_encode_scale``
+    and ``scale_to_block`` compute them."""
+    out = torch.empty(2, dtype=torch.float32)
+    _call("nvfp4_tensor_scale", values, values.numel(), out)
+    return float(out[0]), out[1].clone()
 
 
-def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, tensor_amax: torch.Tensor | None = None
+def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, whole: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reference's scale chain (``nvfp4_core``) with the per-block part in C (``tensor_amax``: the
-    whole tensor's, when these blocks are a subset of its rows)."""
-    f, s_dec = _tensor_scale(amax.amax() if tensor_amax is None else tensor_amax)
+    """The reference's scale chain (``nvfp4_core``) in C (``whole``: the whole tensor, when these blocks
+    are a subset of its rows)."""
+    f, s_dec = _tensor_scale(amax if whole is None else whole)
     s_b, e_b = torch.empty_like(amax), torch.empty_like(amax)
     _call("nvfp4_scales", amax, bad, amax.numel(), f, float(s_dec), s_b, e_b)
     return s_b, e_b, s_dec
@@ -197,7 +200,7 @@ def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axi
     sr, k1, k2 = _sr_keys(seed)
     stored = src.shape[:-2] + (rows, k)
     if fmt is NVFP4:
-        f, s_dec = _tensor_scale(_amax(src.reshape(-1, BLOCK))[0].amax())
+        f, s_dec = _tensor_scale(src)
         codes = torch.empty(stored[:-1] + (k // 2,), dtype=torch.uint8)
         s_b = torch.empty(stored[:-1] + (k // BLOCK,), dtype=torch.float32)
         _call("nvfp4_quantize_cols", src, batch, k, rows, f, float(s_dec), sr, k1, k2, *strides, codes, s_b)
@@ -242,10 +245,10 @@ def quantize_cpu(
         if cols is not None:
             return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs)
     full_shape = x.shape
-    tensor_amax = row_base = None
+    whole = row_base = None
     if rows is not None:
         if fmt is NVFP4:
-            tensor_amax = _amax(blocked_view(x, fmt, axis))[0].amax()
+            whole = blocked_view(x, fmt, axis)
         row_base = _row_bases(x.shape, axis, rows)
         x = x[..., rows, :] if axis == x.ndim - 1 else x[..., rows]
     xm = blocked_view(x, fmt, axis, tile_rows)
@@ -261,7 +264,7 @@ def quantize_cpu(
         amax, bad = _amax(xm)
         if tile2d:
             amax, bad = _tile_rows(amax, torch.amax), _tile_rows(bad, torch.amax)
-        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous(), tensor_amax)
+        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous(), whole)
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
         _call("nvfp4_round_pack", xm, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)

@@ -27,7 +27,6 @@ from autoprec.formats import get_format
 from autoprec.kernels import dispatch
 from autoprec.kernels.grouped import group_bounds, grouped_mm
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.passes.candidates import Candidate, grouped_config, measured, operand_config
 from autoprec.passes.gemms import GemmKey
 from autoprec.roles import MatmulRole
@@ -110,20 +109,23 @@ class Calibration:
         if c.fmt == "bf16":
             return dispatch.scaled_mm(_pick(a, rows, 0).bfloat16(), _pick(b, cols, 1).bfloat16(), bias)
         cache = {} if cache is None else cache
-        ops = []
+        keys = []
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             key = (which, c.fmt, axis, rounding, tile2d, c.rht)
-            if key not in cache:
-                index = (rows, cols)[which]  # 16x16 weight tiles tie rows: those are quantized whole, then sampled
-                q = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which], tile2d=tile2d,
-                                      scale_mode=self.mx_scale, rht=c.rht, rht_signs=rht_signs(self.rht_seed),
-                                      rows=None if tile2d else index)
-                cache[key] = _pick(dispatch.dequantize(q), index, which) if tile2d and index is not None else q
-            ops.append(cache[key])
+            if key not in cache:  # 16x16 weight tiles tie rows: those are quantized whole, then sampled
+                cache[key] = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
+                                               tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
+                                               rht_signs=rht_signs(self.rht_seed),
+                                               rows=None if tile2d else (rows, cols)[which])
+            keys.append(key)
         if rows is None and cols is None:
-            return dispatch.scaled_mm(ops[0], ops[1], bias)
-        y = torch.matmul(*(dispatch.dequantize(q) if isinstance(q, QuantizedTensor) else q for q in ops))
+            return dispatch.scaled_mm(cache[keys[0]], cache[keys[1]], bias)
+        for which, key in enumerate(keys):  # the sampled values, decoded once for all candidates sharing them
+            if (key, "values") not in cache:
+                values = dispatch.dequantize(cache[key])
+                cache[key, "values"] = _pick(values, (rows, cols)[which], which) if key[4] else values
+        y = torch.matmul(cache[keys[0], "values"], cache[keys[1], "values"])
         return y if bias is None else y + bias
 
     def emulate_grouped(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, c: Candidate,
@@ -134,8 +136,9 @@ class Calibration:
                           seeds=tag.seeds, scale_mode=self.mx_scale, out_dtype=torch.float32)
 
     def measure(self, tag: GemmTag, role: MatmulRole, a: torch.Tensor, b: torch.Tensor, bias,
-                offs: torch.Tensor | None = None) -> None:
-        """Score every candidate of one GEMM on its operands (``offs``: a grouped GEMM's groups)."""
+                offs: torch.Tensor | None = None, product: torch.Tensor | None = None) -> None:
+        """Score every candidate of one GEMM on its operands (``offs``: a grouped GEMM's groups;
+        ``product``: the GEMM's own output in the graph, reused as the exact product when it is fp32)."""
         a32, b32 = a.detach().float(), b.detach().float()
         bias32 = None if bias is None else bias.detach().float()
         problem = _non_finite(a32, b32, bias32)
@@ -151,7 +154,10 @@ class Calibration:
         else:
             rows, cols = sampled_rows(a32.shape[-2], a32.shape[:-2].numel()), sampled_rows(b32.shape[-1])
             bias32 = _pick(bias32, cols, 1)
-            exact = _exact_product(_pick(a32, rows, 0), _pick(b32, cols, 1), bias32)
+            if product is not None and (product.dtype, product.shape) != (torch.float32, (*a.shape[:-1], b.shape[-1])):
+                product = None
+            exact = _exact_product(_pick(a32, rows, 0), _pick(b32, cols, 1), bias32,
+                                   _pick(_pick(product, rows, 0), cols, 1))
         if exact.numel() == 0 or a32.shape[-1] == 0:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
@@ -274,11 +280,13 @@ def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> 
 FP32_SCALES = (2.0**-100, 2.0**100)
 
 
-def _exact_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``a @ b + bias`` from the fp32 operands: in fp32 where its max lies in ``FP32_SCALES``, else in
-    float64 (data near the ends of fp32's range, where an fp32 product would underflow or overflow)."""
-    y = torch.matmul(a, b)
-    y = y if bias is None else y + bias
+def _exact_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+                   product: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b + bias`` from the fp32 operands (``product``: already computed in fp32 by the graph): in
+    fp32 where its max lies in ``FP32_SCALES``, else in float64 (data near the ends of fp32's range,
+    where an fp32 product would underflow or overflow)."""
+    y = torch.matmul(a, b) if product is None else product.detach()
+    y = y if bias is None or product is not None else y + bias
     if y.numel() == 0 or FP32_SCALES[0] <= float(y.abs().max()) <= FP32_SCALES[1]:
         return y
     y = torch.matmul(a.double(), b.double())
@@ -351,7 +359,7 @@ class CalibratingInterpreter(fx.Interpreter):
                     self.calibration.measure(tag, MatmulRole(tag.key[1]), args[0], args[1], None, offs)
                 else:
                     bias, a, b = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
-                    self.calibration.measure(tag, MatmulRole(tag.key[1]), a, b, bias)
+                    self.calibration.measure(tag, MatmulRole(tag.key[1]), a, b, bias, product=result)
             self.progress.advance(self.progress.task_ids[0])
         return result
 

@@ -1,11 +1,10 @@
 /* Fused CPU quantization for autoprec (loaded by kernels/cpu_fused.py through ctypes).
  *
  * Every function repeats the pure-torch reference (kernels/*_ref.py) operation for operation in fp32,
- * so the results are bit-identical; only NVFP4's tensor scale S_enc is left to the reference's torch
- * code. Inputs are contiguous fp32 (rows, K) views with the block axis last. Stochastic rounding's bits
- * are the hash of kernels/random_bits.py, computed in place. Built with -ffp-contract=off: no fused
- * multiply-add may change a rounding. Loops are written so that gcc -O3 vectorizes them (flat loops
- * over row chunks with per-element factors set up first).
+ * so the results are bit-identical. Inputs are contiguous fp32 (rows, K) views with the block axis
+ * last. Stochastic rounding's bits are the hash of kernels/random_bits.py, computed in place. Built
+ * with -ffp-contract=off: no fused multiply-add may change a rounding. Loops are written so that
+ * gcc -O3 vectorizes them (flat loops over row chunks with per-element factors set up first).
  */
 #include "numerics.h"
 
@@ -18,6 +17,24 @@ void block_amax(const float *x, int64_t R, int64_t K, int64_t block, float *amax
             amax[i] = a > b ? a : b;
             bad[i] = bad[2 * i] | bad[2 * i + 1];
         }
+}
+
+/* NVFP4's tensor scale from the max |v| over the finite values of v (the block amaxes, or a whole tensor):
+ * S_enc = min(448*6 / amax, FLT_MAX), or 1 where amax or S_enc is 0 (nvfp4_ref.nvfp4_encode_scale);
+ * out = {S_enc * fp32(1/6), 1 / S_enc}. */
+void nvfp4_tensor_scale(const float *v, int64_t n, float *out) {
+    const uint32_t *u = (const uint32_t *)v;
+    uint32_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = u[i] & 0x7FFFFFFFu;
+        b &= -(uint32_t)(b < 0x7F800000u);
+        m = b > m ? b : m;
+    }
+    float amax = float_of(m), s = 2688.0f / amax;
+    s = s > 3.4028234663852886e38f ? 3.4028234663852886e38f : s;
+    s = amax > 0.0f && s > 0.0f ? s : 1.0f;
+    out[0] = s * (float)(1.0 / 6.0);
+    out[1] = 1.0f / s;
 }
 
 /* nvfp4_ref.nvfp4_core's scale chain after S_enc: s_b = E4M3(amax * f) (NaN where bad) and
@@ -137,8 +154,9 @@ INLINE float e8m0_value(uint8_t code) {
     return float_of(code == 255 ? 0x7FC00000u : (code ? (uint32_t)code << 23 : 0x00200000u));
 }
 
-/* MXFP8 values: fp8(code) * 2**(scale - 127) (a NaN scale's NaN wins, as in the reference's product). Finite codes decode from their bits; a block holding an Inf/NaN code (exponent
- * field all ones: E5M2 0x7C.., E4M3FN 0x7F) takes those from lut (torch's fp32 value of every FP8 byte). */
+/* MXFP8 values: fp8(code) * 2**(scale - 127) (a NaN scale's NaN wins, as in the reference's product).
+ * Finite codes decode from their bits; a block holding an Inf/NaN code (exponent field all ones: E5M2
+ * 0x7C.., E4M3FN 0x7F) takes those from lut (torch's fp32 value of every FP8 byte). */
 void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut, const uint8_t *scale, int32_t mbits,
                    int32_t bias, float *out) {
     uint32_t mmask = (1u << mbits) - 1, special_min = mbits == 3 ? 0x7F : 0x7C;
