@@ -213,10 +213,11 @@ def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axi
     return QuantizedTensor(fmt, elems.view(e.torch_dtype), scales, None, axis, shape)
 
 
-def _row_bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor) -> torch.Tensor:
+def _row_bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor, batches: slice | None) -> torch.Tensor:
     """Flat index of the first element of each selected row of the moved (rows, K) view, for the SR bits
     (the rest of a row follows at stride 1 with the block axis last, else at stride shape[-1])."""
-    batch = torch.arange(shape[:-2].numel()).unsqueeze(1) * shape[-2] * shape[-1]
+    batch = torch.arange(shape[:-2].numel())
+    batch = (batch if batches is None else batch[batches]).unsqueeze(1) * shape[-2] * shape[-1]
     last = axis == len(shape) - 1
     picked = torch.arange(shape[-2] if last else shape[-1])[rows]
     per_row = picked * shape[-1] if last else picked
@@ -231,12 +232,12 @@ def _tile_rows(t: torch.Tensor, reduce) -> torch.Tensor:
 def quantize_cpu(
     x: torch.Tensor, fmt: Format, axis: int, *, seed: int | None = None, tile2d: bool = False,
     scale_mode: str = "rceil", rht: bool = False, rht_signs: torch.Tensor | None = None,
-    rows: slice | torch.Tensor | None = None,
+    rows: slice | torch.Tensor | None = None, batches: slice | None = None,
 ) -> QuantizedTensor:
     """``dispatch.quantize`` on CPU for a validated, non-empty input: ``seed`` (the SR stream) selects
     stochastic rounding; ``rows`` (no tiles, no RHT) quantizes only those indices of the other matrix dim
-    (dim -2 when blocking along the last dim, the last dim when blocking along dim -2), with the whole
-    tensor's tensor scale and SR bits."""
+    (dim -2 when blocking along the last dim, the last dim when blocking along dim -2), of the batch items
+    ``batches`` (a 3D input's leading dim), with the whole tensor's tensor scale and SR bits."""
     axis = normalize_axis(axis, x.ndim)
     tile_rows = BLOCK if tile2d else 1
     if rows is None and not tile2d:
@@ -249,7 +250,8 @@ def quantize_cpu(
     if rows is not None:
         if fmt is NVFP4:
             whole = blocked_view(x, fmt, axis)
-        row_base = _row_bases(x.shape, axis, rows)
+        row_base = _row_bases(x.shape, axis, rows, batches)
+        x = x if batches is None else x[batches]
         x = x[..., rows, :] if axis == x.ndim - 1 else x[..., rows]
     xm = blocked_view(x, fmt, axis, tile_rows)
     if rht:

@@ -74,22 +74,30 @@ def quantize(
     rht: bool = False,
     rht_signs: torch.Tensor | None = None,
     rows: slice | torch.Tensor | None = None,
+    batches: slice | None = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` along ``axis`` (``quantize_ref``'s options), with the RHT along ``axis`` first
-    when ``rht`` is set (fused into the Triton kernel). ``rows`` (with the block axis one of the last two
-    dims, 1-D blocks) index the other of the two (a slice or an index tensor): only those rows (or columns) of the whole
-    tensor's quantization are returned, with the same codes, block scales, tensor scale and SR bits;
-    the fused CPU kernels then quantize only them."""
+    when ``rht`` is set (fused into the Triton kernel).
+
+    ``rows`` and ``batches`` return a part of the whole tensor's quantization, with the same codes, block
+    scales, tensor scale and SR bits; the fused CPU kernels then quantize only that part. ``rows`` (block
+    axis one of the last two dims, 1-D blocks; a slice or an index tensor) indexes the other of the two:
+    rows when blocking along the last dim, else columns. ``batches`` indexes the leading dim of a 3D
+    tensor (a batched product's operand)."""
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
-    if rows is not None and (x.ndim < 2 or axis % x.ndim < x.ndim - 2 or tile2d):
-        raise ValueError(f"quantize(rows=...) needs the block axis among the last two dims and 1-D blocks; got axis "
-                         f"{axis} of shape {tuple(x.shape)}, tile2d={tile2d}")
-    if rows is not None and not rht and rand is None and _use_cpu_fused(x):
+    if (rows is not None or batches is not None) and (x.ndim < 2 or axis % x.ndim < x.ndim - 2 or tile2d):
+        raise ValueError(f"quantize(rows=..., batches=...) needs the block axis among the last two dims and 1-D "
+                         f"blocks; got axis {axis} of shape {tuple(x.shape)}, tile2d={tile2d}")
+    if batches is not None and x.ndim != 3:
+        raise ValueError(f"quantize(batches=...) needs a 3D tensor, got shape {tuple(x.shape)}")
+    part = rows is not None or batches is not None
+    if part and not rht and rand is None and _use_cpu_fused(x):
         from autoprec.kernels.cpu_fused import quantize_cpu
 
-        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, scale_mode=scale_mode, rows=rows)
+        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, scale_mode=scale_mode,
+                            rows=slice(None) if rows is None else rows, batches=batches)
     q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs)
-    return q if rows is None else _rows_of(q, rows)
+    return _part_of(q, rows, batches) if part else q
 
 
 def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, tile2d: bool, scale_mode: str,
@@ -112,13 +120,19 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, t
     return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode)
 
 
-def _rows_of(q: QuantizedTensor, rows: slice | torch.Tensor) -> QuantizedTensor:
-    """Rows ``rows`` of the stored (moved) layout of a quantization blocked along one of its last two
-    dims: rows of dim -2 when blocked along the last dim, else columns."""
-    codes = q.codes[..., rows, :]
+def _part_of(q: QuantizedTensor, rows: slice | torch.Tensor | None, batches: slice | None) -> QuantizedTensor:
+    """Batch items ``batches`` and rows ``rows`` of the stored (moved) layout of a quantization blocked
+    along one of its last two dims (rows of dim -2 when blocked along the last dim, else columns)."""
+    codes, scales = q.codes, q.scales
+    if batches is not None:
+        codes, scales = codes[batches], scales[batches]
+    if rows is not None:
+        codes, scales = codes[..., rows, :], scales[..., rows, :]
     shape = list(q.shape)
     shape[-2 if q.axis == len(shape) - 1 else -1] = codes.shape[-2]
-    return replace(q, codes=codes, scales=q.scales[..., rows, :], shape=torch.Size(shape))
+    if batches is not None:
+        shape[0] = codes.shape[0]
+    return replace(q, codes=codes, scales=scales, shape=torch.Size(shape))
 
 
 def dequantize(q: QuantizedTensor) -> torch.Tensor:

@@ -1,15 +1,15 @@
 """Calibration: run the partitioned graphs in high precision through an fx Interpreter and measure,
 for every GEMM and candidate configuration, the error the rewrite would make.
 
-Per GEMM and candidate (on about ``SAMPLED_ROWS`` evenly spaced output rows and at most as many
-columns: only those rows of the first operand and columns of the second are quantized, with the whole
-operand's tensor scale and SR bits, so each measured output is exactly what the graph computes): relative error
-``|Ŷ-Y|²/|Y|²`` (noise), relative bias ``mean((Ŷ-Y)·sign(Y)) / mean|Y|`` (signed error against the
-signal), and for fprop GEMMs the loss-aware score ``Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y²``, with ∂L/∂Y taken
-from the gradient operand of the same site's backward GEMMs when they run. Ŷ comes from the same
-quantize calls the rewritten graph makes, so what is measured is what will run. The exact product and
-the sums are computed in fp32 (float64 where the product's range demands it, and for grouped GEMMs) on
-values divided by the exact product's max, so the scores do not depend on the data's scale.
+Per GEMM and candidate, on the part of the output ``sampling.Sample`` picks (only the operands' parts
+it reads are quantized, with the whole operands' scales and SR bits, so each measured output is exactly
+what the graph computes): relative error ``|Ŷ-Y|²/|Y|²`` (noise), relative bias
+``mean((Ŷ-Y)·sign(Y)) / mean|Y|`` (signed error against the signal), and for fprop GEMMs the loss-aware
+score ``Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y²``, with ∂L/∂Y taken from the gradient operand of the same site's
+backward GEMMs when they run. Ŷ comes from the same quantize calls the rewritten graph makes, so what is
+measured is what will run. The exact product and the sums are computed in fp32 (float64 where the
+product's range demands it, and for grouped GEMMs) on values divided by the exact product's max, so the
+scores do not depend on the data's scale.
 A GEMM whose operands hold NaN/Inf is not measured: its ``problems`` entry says so, and the plan runs
 it in BF16.
 """
@@ -29,6 +29,7 @@ from autoprec.kernels.grouped import group_bounds, grouped_mm
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.passes.candidates import Candidate, grouped_config, measured, operand_config
 from autoprec.passes.gemms import GemmKey
+from autoprec.passes.sampling import Sample, sampled_rows
 from autoprec.roles import MatmulRole
 
 TAG = "autoprec_gemm"
@@ -100,31 +101,30 @@ class Calibration:
         default_factory=dict)
 
     def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag,
-                rows: slice | None = None, cols: slice | None = None,
-                cache: dict | None = None) -> torch.Tensor:
-        """The product the rewritten graph would compute under candidate ``c``, in fp32; with ``rows`` /
-        ``cols``, only those rows / columns of it (``bias``: those columns'). The sampled rows of ``a`` and
-        columns of ``b`` are quantized with the whole operand's scales and SR bits: exactly what the graph
-        computes there. ``cache`` shares operand quantizations between the candidates of one GEMM."""
+                sample: Sample = Sample(), cache: dict | None = None) -> torch.Tensor:
+        """The product the rewritten graph would compute under candidate ``c``, in fp32; of a ``sample``,
+        only that part of it (``bias``: already sampled). The sampled parts of the operands are quantized
+        with the whole operands' scales and SR bits: exactly what the graph computes there. ``cache``
+        shares operand quantizations and their decoded values between the candidates of one GEMM."""
         if c.fmt == "bf16":
-            return dispatch.scaled_mm(_pick(a, rows, 0).bfloat16(), _pick(b, cols, 1).bfloat16(), bias)
+            return dispatch.scaled_mm(sample.pick(a, 0).bfloat16(), sample.pick(b, 1).bfloat16(), bias)
         cache = {} if cache is None else cache
         keys = []
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             key = (which, c.fmt, axis, rounding, tile2d, c.rht)
             if key not in cache:  # 16x16 weight tiles tie rows: those are quantized whole, then sampled
+                part = {} if tile2d else sample.part(which, x.ndim)
                 cache[key] = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
                                                tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
-                                               rht_signs=rht_signs(self.rht_seed),
-                                               rows=None if tile2d else (rows, cols)[which])
+                                               rht_signs=rht_signs(self.rht_seed), **part)
             keys.append(key)
-        if rows is None and cols is None:
+        if sample.whole:
             return dispatch.scaled_mm(cache[keys[0]], cache[keys[1]], bias)
-        for which, key in enumerate(keys):  # the sampled values, decoded once for all candidates sharing them
+        for which, key in enumerate(keys):
             if (key, "values") not in cache:
                 values = dispatch.dequantize(cache[key])
-                cache[key, "values"] = _pick(values, (rows, cols)[which], which) if key[4] else values
+                cache[key, "values"] = sample.pick(values, which) if key[4] else values
         y = torch.matmul(cache[keys[0], "values"], cache[keys[1], "values"])
         return y if bias is None else y + bias
 
@@ -148,16 +148,15 @@ class Calibration:
             return
         if tag.layout is not None:
             full = grouped_mm(a32.double(), b32.double(), offs)
-            rows, cols = sampled_rows(full.flatten(0, -2).shape[0]), None
-            exact = full.flatten(0, -2) if rows is None else full.flatten(0, -2)[rows]
+            sample = Sample(rows=sampled_rows(full.flatten(0, -2).shape[0]))
+            exact = sample.pick(full.flatten(0, -2), 2)
             self._count_tokens(tag.key, offs)
         else:
-            rows, cols = sampled_rows(a32.shape[-2], a32.shape[:-2].numel()), sampled_rows(b32.shape[-1])
-            bias32 = _pick(bias32, cols, 1)
+            sample = Sample.of(a32.shape, b32.shape)
+            bias32 = sample.pick(bias32, 1)
             if product is not None and (product.dtype, product.shape) != (torch.float32, (*a.shape[:-1], b.shape[-1])):
                 product = None
-            exact = _exact_product(_pick(a32, rows, 0), _pick(b32, cols, 1), bias32,
-                                   _pick(_pick(product, rows, 0), cols, 1))
+            exact = _exact_product(sample.pick(a32, 0), sample.pick(b32, 1), bias32, sample.pick(product, 2))
         if exact.numel() == 0 or a32.shape[-1] == 0:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
@@ -174,16 +173,16 @@ class Calibration:
             if tag.layout is not None:
                 y = self.emulate_grouped(a32, b32, offs, c, tag)
                 per_group = _group_errors(y.double(), full, offs, tag.layout)
-                y = y.flatten(0, -2) if rows is None else y.flatten(0, -2)[rows]
+                y = sample.pick(y.flatten(0, -2), 2)
             else:
-                y = self.emulate(qa, qb, bias32, c, tag, rows, cols, cache)
+                y = self.emulate(qa, qb, bias32, c, tag, sample, cache)
             diff = _normalized(y, scale, exact.dtype).sub_(exact)
             add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs),
                                   group_err=per_group))
             errors[c] = diff
         if role is MatmulRole.FPROP and tag.layout in (None, "2d3d"):  # rows of the output are tokens
             full_shape = (*a32.shape[:-1], b32.shape[-1])
-            self._fwd_error[tag.pair] = (tag.key, exact, errors, full_shape, cols)
+            self._fwd_error[tag.pair] = (tag.key, exact, errors, full_shape, sample)
         elif tag.grad_operand is not None and tag.pair in self._fwd_error:
             self._loss_scores(tag.pair, (a32, b32)[tag.grad_operand])
 
@@ -202,13 +201,12 @@ class Calibration:
         return tuple(t / n for t in total)
 
     def _loss_scores(self, pair: tuple[int, int], grad: torch.Tensor) -> None:
-        fprop_key, exact, errors, full_shape, cols = self._fwd_error[pair]
+        fprop_key, exact, errors, full_shape, sample = self._fwd_error[pair]
         if grad.shape != full_shape:
             grad = grad.transpose(-1, -2)
         if grad.shape != full_shape:
             return
-        rows = sampled_rows(grad.shape[-2], grad.shape[:-2].numel())  # the rows the forward was measured on
-        grad = _pick(_pick(grad, rows, 0), cols, 1).to(exact.dtype)
+        grad = sample.pick(grad, 2).to(exact.dtype)  # where the forward's error was measured
         g = grad / _scale_of(grad)
         ge = g * exact
         denom = _dot(ge, ge)
@@ -235,26 +233,6 @@ class Calibration:
         its forward errors that no backward scored."""
         for pair in [p for p in self._fwd_error if p[0] == graph]:
             del self._fwd_error[pair]
-
-
-SAMPLED_ROWS = 256
-
-
-def sampled_rows(m: int, batch: int = 1) -> slice | None:
-    """The output rows calibration measures a GEMM on: every k-th of the ``m`` rows of each of ``batch``
-    products (tokens for fprop and dgrad, output features for wgrad; the batch of an attention product)
-    so that about ``SAMPLED_ROWS`` remain in all (at least one per product); None keeps all. Those rows
-    are quantized with the whole operand's scales and SR bits: each is exactly what the graph computes.
-    A slice, so that picking them is a view."""
-    step = min(-(-m * batch // SAMPLED_ROWS), m)
-    return None if step <= 1 else slice(0, m, step)
-
-
-def _pick(x: torch.Tensor | None, index: slice | None, which: int) -> torch.Tensor | None:
-    """The sampled rows (``which`` 0: dim -2) or columns (1: the last dim) of a matrix or batch of them."""
-    if x is None or index is None:
-        return x
-    return x[..., index, :] if which == 0 else x[..., index]
 
 
 def _group_errors(y: torch.Tensor, exact: torch.Tensor, offs: torch.Tensor | None, layout: str) -> tuple[float, ...]:

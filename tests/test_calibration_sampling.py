@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.passes import calibrate
-from autoprec.passes.calibrate import sampled_rows
+from autoprec.passes import sampling
+from autoprec.passes.sampling import Sample, sampled_rows
 
 from gpt_model import TinyGPT, tokens
 
@@ -14,14 +14,23 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 def test_sampled_rows():
     assert sampled_rows(256) is None and sampled_rows(100) is None
     assert sampled_rows(1024) == slice(0, 1024, 4)
-    assert len(range(1000)[sampled_rows(1000)]) <= calibrate.SAMPLED_ROWS
+    assert len(range(1000)[sampled_rows(1000)]) <= sampling.SAMPLED_ROWS
     # an attention product's 32 x 128 rows: every 16th row of each, 256 in all; a huge batch keeps one each
     assert sampled_rows(128, 32) == slice(0, 128, 16)
     assert range(128)[sampled_rows(128, 4096)] == range(0, 1)
 
 
+def test_batched_products_are_sampled_by_batch_item_row_and_column():
+    """An attention product of 32 (head, sequence) items: 8 of them, 32 rows each, all 128 columns."""
+    s = Sample.of(torch.Size((32, 128, 64)), torch.Size((32, 64, 128)))
+    assert s == Sample(slice(0, 32, 4), slice(0, 128, 4), None)
+    y = torch.arange(32 * 128 * 128).reshape(32, 128, 128)
+    assert s.pick(y, 2).shape == (8, 32, 128) and s.pick(y, 2)[1, 1, 0] == y[4, 4, 0]
+    assert Sample.of(torch.Size((1024, 64)), torch.Size((64, 512))) == Sample(None, slice(0, 1024, 4), slice(0, 512, 2))
+
+
 def calibrated_rows(monkeypatch, sampled: int) -> dict:
-    monkeypatch.setattr(calibrate, "SAMPLED_ROWS", sampled)
+    monkeypatch.setattr(sampling, "SAMPLED_ROWS", sampled)
     torch.manual_seed(0)
     model = TinyGPT(vocab=64, d=64, layers=1, heads=2, ctx=64)
     compiled = torch.compile(model, backend="autoprec", options={"recipe": "auto"})

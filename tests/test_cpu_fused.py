@@ -105,6 +105,21 @@ def test_quantizing_some_columns_of_an_operand_blocked_along_dim_minus_2(fmt):
     assert bits_equal(dispatch.dequantize(got), dequantize_ref(whole)[..., cols])
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("axis", [1, 2])
+def test_quantizing_some_batch_items_of_a_batched_operand(fmt, axis):
+    """A batched product's operand: some batch items and rows (or columns), bits of the whole tensor."""
+    x = torch.randn(5, 64, 64)
+    x[0, 3, 7] = 5e3  # batch item 0 is not sampled; it alone sets NVFP4's tensor scale
+    batches, rows = slice(1, 5, 2), slice(0, 64, 8)
+    got = dispatch.quantize(x, fmt, axis, rounding="sr", seed=3, rows=rows, batches=batches)
+    whole = quantize_ref(x, fmt, axis, rounding="sr", rand=sr_bits(x.shape, 3))
+    assert bits_equal(got.codes.view(torch.uint8), whole.codes[batches][..., rows, :].view(torch.uint8))
+    assert bits_equal(got.scales, whole.scales[batches][..., rows, :])
+    want = dequantize_ref(whole)[batches]
+    assert bits_equal(dispatch.dequantize(got), want[..., rows, :] if axis == 2 else want[..., rows])
+
+
 def test_quantizing_rows_needs_the_block_axis_among_the_last_two():
     with pytest.raises(ValueError, match="rows"):
         dispatch.quantize(torch.randn(64, 32, 8), "mxfp8", axis=0, rows=torch.arange(0, 32, 4))
