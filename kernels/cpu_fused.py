@@ -38,7 +38,7 @@ SIGNATURES = {
     "nvfp4_round_pack": [_PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR, _PTR],
     "mx_quantize": [_PTR, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _PTR, _PTR, _PTR],
     "nvfp4_scales": [_PTR, _PTR, _I64, _F32, _F32, _PTR, _PTR],
-    "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _F32, _PTR],
+    "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _F32, _PTR],
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
     "nvfp4_tensor_scale": [_PTR, _I64, _PTR],
@@ -174,6 +174,13 @@ def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, whole: torch.Tensor | N
     return s_b, e_b, s_dec
 
 
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values in contiguous memory (any order), without a copy when it is a transposed view."""
+    if x.is_contiguous() or not x.transpose(-1, -2).is_contiguous():
+        return x.contiguous()
+    return x.transpose(-1, -2)
+
+
 def _column_source(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, int, int] | None:
     """For an input whose blocks run across memory rows (a (tokens, features) tensor blocked along the
     tokens, or a transposed view blocked along its last dim): the contiguous (B, K, R) array the column
@@ -216,6 +223,18 @@ def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axi
 def _row_bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor, batches: slice | None) -> torch.Tensor:
     """Flat index of the first element of each selected row of the moved (rows, K) view, for the SR bits
     (the rest of a row follows at stride 1 with the block axis last, else at stride shape[-1])."""
+    if isinstance(rows, slice):  # calibration's samples: the same few every step
+        return _sliced_row_bases(tuple(shape), axis, (rows.start, rows.stop, rows.step),
+                                 None if batches is None else (batches.start, batches.stop, batches.step))
+    return _bases(shape, axis, rows, batches)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sliced_row_bases(shape: tuple[int, ...], axis: int, rows: tuple, batches: tuple | None) -> torch.Tensor:
+    return _bases(torch.Size(shape), axis, slice(*rows), None if batches is None else slice(*batches))
+
+
+def _bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor, batches: slice | None) -> torch.Tensor:
     batch = torch.arange(shape[:-2].numel())
     batch = (batch if batches is None else batch[batches]).unsqueeze(1) * shape[-2] * shape[-1]
     last = axis == len(shape) - 1
@@ -235,7 +254,7 @@ def quantize_cpu(
     rows: slice | torch.Tensor | None = None, batches: slice | None = None,
 ) -> QuantizedTensor:
     """``dispatch.quantize`` on CPU for a validated, non-empty input: ``seed`` (the SR stream) selects
-    stochastic rounding; ``rows`` (no tiles, no RHT) quantizes only those indices of the other matrix dim
+    stochastic rounding; ``rows`` (no tiles) quantizes only those indices of the other matrix dim
     (dim -2 when blocking along the last dim, the last dim when blocking along dim -2), of the batch items
     ``batches`` (a 3D input's leading dim), with the whole tensor's tensor scale and SR bits."""
     axis = normalize_axis(axis, x.ndim)
@@ -245,22 +264,27 @@ def quantize_cpu(
         cols = _column_source(x.to(torch.float32), axis)
         if cols is not None:
             return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs)
-    full_shape = x.shape
-    whole = row_base = None
-    if rows is not None:
-        if fmt is NVFP4:
-            whole = blocked_view(x, fmt, axis)
-        row_base = _row_bases(x.shape, axis, rows, batches)
-        x = x if batches is None else x[batches]
-        x = x[..., rows, :] if axis == x.ndim - 1 else x[..., rows]
-    xm = blocked_view(x, fmt, axis, tile_rows)
-    if rht:
-        xm = _rht(xm, rht_signs)
-    k = xm.shape[-1]
-    if row_base is None:
+    shape, whole, row_base = x.shape, None, None
+    if rows is None:
+        xm = blocked_view(x, fmt, axis, tile_rows)
+        if rht:
+            xm = _rht(xm, rht_signs)
         n_rows, n, inner = _layout(x, axis)
-    else:  # the selected rows, each at the whole tensor's stride along K (for the SR bits)
-        n_rows, n, inner = row_base.numel(), k, 1 if axis == x.ndim - 1 else full_shape[-1]
+    else:  # a part of the whole (transformed) tensor, which also gives NVFP4's tensor scale
+        check_blocks(x, fmt, axis)
+        moved = x.to(torch.float32).movedim(axis, -1)
+        if rht:
+            moved = _rht(moved.contiguous(), rht_signs)
+        whole = (moved if rht else _dense(moved)) if fmt is NVFP4 else None
+        row_base = _row_bases(x.shape, axis, rows, batches)
+        xm = (moved if batches is None else moved[batches])[..., rows, :].contiguous()
+        last = axis == x.ndim - 1
+        shape = list(x.shape)
+        shape[-2 if last else -1] = xm.shape[-2]
+        shape[0] = xm.shape[0] if batches is not None else shape[0]
+        # each selected row at the whole tensor's stride along K (for the SR bits)
+        n_rows, n, inner = row_base.numel(), xm.shape[-1], 1 if last else x.shape[-1]
+    k = xm.shape[-1]
     sr, k1, k2 = _sr_keys(seed)
     if fmt is NVFP4:
         amax, bad = _amax(xm)
@@ -270,19 +294,20 @@ def quantize_cpu(
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
         _call("nvfp4_round_pack", xm, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)
-        return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
+        return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, torch.Size(shape), tile_rows)
     elems = torch.empty(xm.shape, dtype=torch.uint8)
     scales = torch.empty(xm.shape[:-1] + (k // MX_BLOCK,), dtype=torch.uint8)
     e = fmt.elem
     _call("mx_quantize", xm, n_rows, n, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
           row_base, elems, scales)
-    return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, x.shape)
+    return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, torch.Size(shape))
 
 
 @functools.cache
-def _fp8_table(fmt: Format) -> torch.Tensor:
-    """torch's fp32 value of each of the 256 FP8 bytes (the C decode takes its Inf/NaN values from it)."""
-    return torch.arange(256, dtype=torch.uint8).view(fmt.elem.torch_dtype).to(torch.float32)
+def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """torch's fp32 value of each of the 256 bytes of an FP8 dtype (E4M3 block scales are decoded with it;
+    FP8 elements take their Inf/NaN values from it)."""
+    return torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float32)
 
 
 def dequantize_cpu(q: QuantizedTensor) -> torch.Tensor:
@@ -292,11 +317,10 @@ def dequantize_cpu(q: QuantizedTensor) -> torch.Tensor:
     out = torch.empty(codes.shape[:-1] + (k,), dtype=torch.float32)
     rows = out.numel() // k if k else 0
     if q.fmt is NVFP4:
-        scale = q.scales.to(torch.float32)
+        scale = q.scales.view(torch.uint8)
         scale = (scale.repeat_interleave(BLOCK, 0) if q.tile_rows > 1 else scale).contiguous()
-        _call("nvfp4_dequantize", codes, rows, k, scale, float(q.tensor_scale), out)
+        _call("nvfp4_dequantize", codes, rows, k, scale, _fp8_table(torch.float8_e4m3fn), float(q.tensor_scale), out)
     else:
         e = q.fmt.elem
-        _call("mx_dequantize", codes, rows, k, _fp8_table(q.fmt), q.scales.contiguous(), e.mbits, e.bias,
-              out)
+        _call("mx_dequantize", codes, rows, k, _fp8_table(e.torch_dtype), q.scales.contiguous(), e.mbits, e.bias, out)
     return out.movedim(-1, q.axis)

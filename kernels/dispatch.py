@@ -91,11 +91,11 @@ def quantize(
     if batches is not None and x.ndim != 3:
         raise ValueError(f"quantize(batches=...) needs a 3D tensor, got shape {tuple(x.shape)}")
     part = rows is not None or batches is not None
-    if part and not rht and rand is None and _use_cpu_fused(x):
+    if part and rand is None and _use_cpu_fused(x):
         from autoprec.kernels.cpu_fused import quantize_cpu
 
-        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, scale_mode=scale_mode,
-                            rows=slice(None) if rows is None else rows, batches=batches)
+        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, scale_mode=scale_mode, rht=rht,
+                            rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches)
     q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs)
     return _part_of(q, rows, batches) if part else q
 

@@ -107,13 +107,17 @@ def test_quantizing_some_columns_of_an_operand_blocked_along_dim_minus_2(fmt):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 @pytest.mark.parametrize("axis", [1, 2])
-def test_quantizing_some_batch_items_of_a_batched_operand(fmt, axis):
-    """A batched product's operand: some batch items and rows (or columns), bits of the whole tensor."""
+@pytest.mark.parametrize("rht", [False, True])
+def test_quantizing_some_batch_items_of_a_batched_operand(fmt, axis, rht):
+    """A batched product's operand: some batch items and rows (or columns), bits of the whole tensor
+    (with the RHT, the tensor scale of the whole transformed tensor)."""
     x = torch.randn(5, 64, 64)
     x[0, 3, 7] = 5e3  # batch item 0 is not sampled; it alone sets NVFP4's tensor scale
     batches, rows = slice(1, 5, 2), slice(0, 64, 8)
-    got = dispatch.quantize(x, fmt, axis, rounding="sr", seed=3, rows=rows, batches=batches)
-    whole = quantize_ref(x, fmt, axis, rounding="sr", rand=sr_bits(x.shape, 3))
+    got = dispatch.quantize(x, fmt, axis, rounding="sr", seed=3, rows=rows, batches=batches, rht=rht,
+                            rht_signs=rht_signs(2))
+    xr = rht_ref(x, axis, rht_signs(2)) if rht else x
+    whole = quantize_ref(xr, fmt, axis, rounding="sr", rand=sr_bits(x.shape, 3))
     assert bits_equal(got.codes.view(torch.uint8), whole.codes[batches][..., rows, :].view(torch.uint8))
     assert bits_equal(got.scales, whole.scales[batches][..., rows, :])
     want = dequantize_ref(whole)[batches]

@@ -123,7 +123,7 @@ void mx_quantize(const float *x, int64_t R, int64_t K, int32_t mbits, int32_t bi
     }
 }
 
-/* NVFP4 values: e2m1(code) * s_b * s_dec, in that order. The E2M1 value comes from the code's bits
+/* NVFP4 values: e2m1(code) * s_b * s_dec, in that order (s_b: the E4M3 scale byte's value in lut). The E2M1 value comes from the code's bits
  * (exponent field e, mantissa bit m: m / 2 for e = 0, else 2**(e-1) * (1 + m/2)) with masks, not
  * branches or table lookups, so the loop vectorizes. */
 INLINE float e2m1_value(uint32_t code) {
@@ -133,7 +133,8 @@ INLINE float e2m1_value(uint32_t code) {
     return float_of((normal & is_normal) | (half & ~is_normal) | ((code & 8) << 28));
 }
 
-void nvfp4_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *scale, float s_dec, float *out) {
+void nvfp4_dequantize(const uint8_t *codes, int64_t R, int64_t K, const uint8_t *scale, const float *lut, float s_dec,
+                      float *out) {
     uint8_t nib[CHUNK];
     float f[CHUNK];
     for (int64_t k0 = 0; k0 < R * K; k0 += CHUNK) {   /* R * K is a multiple of 16 */
@@ -144,7 +145,7 @@ void nvfp4_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *s
             nib[2 * i + 1] = byte >> 4;
         }
         for (int64_t b = 0; b < n / 16; b++)
-            for (int t = 0; t < 16; t++) f[b * 16 + t] = scale[k0 / 16 + b];
+            for (int t = 0; t < 16; t++) f[b * 16 + t] = lut[scale[k0 / 16 + b]];
         for (int64_t j = 0; j < n; j++) out[k0 + j] = e2m1_value(nib[j]) * f[j] * s_dec;
     }
 }
