@@ -165,6 +165,7 @@ class Calibration:
         has_weight = tag.weight_operand is not None
         errors, cache = {}, {}
         out = self.stats.setdefault(tag.key, {})
+        qa, qb = (_blocked_copy(x, x.ndim - 1 - which) for which, x in enumerate((a32, b32)))
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c, tag.weight_operand, tag.layout):
                 continue
@@ -174,7 +175,7 @@ class Calibration:
                 per_group = _group_errors(y.double(), full, offs, tag.layout)
                 y = sample.pick(y.flatten(0, -2), 2)
             else:
-                y = self.emulate(a32, b32, bias32, c, tag, sample, cache)
+                y = self.emulate(qa, qb, bias32, c, tag, sample, cache)
             diff = _normalized(y, scale, exact.dtype).sub_(exact)
             add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs),
                                   group_err=per_group))
@@ -273,6 +274,12 @@ def _exact_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 def _normalized(y: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A candidate's product divided by the exact product's max, as a new tensor of the exact's ``dtype``."""
     return y.float() / float(scale) if dtype == torch.float32 else y.double().div_(scale)
+
+
+def _blocked_copy(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """``x`` with its block axis contiguous in memory (same values, same shape): the candidates'
+    quantizers then read it in place instead of each moving the axis themselves."""
+    return x.movedim(axis, -1).contiguous().movedim(-1, axis)
 
 
 def _scale_of(t: torch.Tensor) -> torch.Tensor:
