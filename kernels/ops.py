@@ -54,6 +54,23 @@ def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step):
     return codes, scales, x.new_empty((), dtype=torch.float32)
 
 
+@torch.library.custom_op("autoprec::transpose_tiles", mutates_args=())
+def transpose_tiles(codes: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """The stored (codes, scales) of the transpose of a 16x16-tiled NVFP4 matrix stored (R, K): the same
+    tiles with the same scales and every element with its code, now blocked along the other dim. With
+    16x16 tiles this is exactly the quantization of the transposed matrix, so a weight quantized for
+    fprop serves its dgrad too."""
+    nibbles = torch.stack((codes & 0xF, codes >> 4), -1).flatten(-2).t()
+    packed = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).contiguous()
+    return packed, scales.t().clone(memory_format=torch.contiguous_format)  # a copy even where .t() is contiguous
+
+
+@transpose_tiles.register_fake
+def _(codes, scales):
+    rows, half_k = codes.shape
+    return codes.new_empty((2 * half_k, rows // 2)), scales.new_empty((scales.shape[1], scales.shape[0]))
+
+
 def from_parts(
     codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, axis: int, shape, tile_rows: int
 ) -> QuantizedTensor:

@@ -1,5 +1,6 @@
 """Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm; each
-planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes group by group."""
+planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes group by group. A weight
+in 16x16 NVFP4 tiles is quantized once: its dgrad reads the transpose of its fprop's quantization."""
 from __future__ import annotations
 
 import operator
@@ -15,6 +16,7 @@ from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.runner import at_node
 from autoprec.plan import Decision
+from autoprec.roles import MatmulRole
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -81,6 +83,32 @@ def add_like(graph: fx.Graph, op, args: tuple, like: fx.Node, tag: dict | None =
     return node
 
 
+def _shared_weight(graph: fx.Graph, info: RoleInfo, d: Decision, shared: dict, meta: dict, tag: dict
+                   ) -> list[fx.Node] | None:
+    """A dgrad's 16x16-tiled weight operand as the transpose of its fprop's quantization (the same
+    tiles, scales and codes: the weight is quantized once per step); None where there is none to share."""
+    key = _weight_key(info, d)
+    if info.role is not MatmulRole.DGRAD or key not in shared:
+        return None
+    (codes, scales, ts), fprop_shape = shared[key]
+    if tuple(info.mm.b.meta["val"].shape) != tuple(reversed(fprop_shape)):  # read through another view
+        return None
+    tag = {**tag, "operand": "b"}
+    with detect_fake_mode([codes.meta["val"]]):
+        vals = autoprec_ops.transpose_tiles.default(codes.meta["val"], scales.meta["val"])
+    node = _add(graph, autoprec_ops.transpose_tiles.default, (codes, scales), {}, meta, vals, tag)
+    return [_add(graph, operator.getitem, (node, i), {}, meta, vals[i], tag) for i in range(2)] + [ts]
+
+
+def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
+    """What makes two GEMMs' 16x16-tiled weight quantizations the same: weight, format, dtype."""
+    if info.weight_operand != 1 or info.weight_placeholder is None or d.rht:
+        return None
+    if not operand_config(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand)[2]:
+        return None
+    return info.weight_placeholder, d.fmt, info.mm.b.meta["val"].dtype
+
+
 def rewrite_matmuls(
     gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions,
     step: fx.Node,
@@ -94,7 +122,9 @@ def rewrite_matmuls(
     def current(x: fx.Node | None) -> fx.Node | None:
         return replaced.get(x, x)
 
-    for node, d in decisions.items():
+    shared: dict[tuple, tuple] = {}  # 16x16-tiled weights quantized by an fprop (parts, b's shape), for dgrads
+    fprop_first = sorted(decisions.items(), key=lambda item: infos[item[0]].role is not MatmulRole.FPROP)
+    for node, d in fprop_first:
         if not d.rewritten:
             continue
         with at_node(node):
@@ -105,7 +135,12 @@ def rewrite_matmuls(
                     out = _grouped(graph, node, info, d, opts, step, current, tag)
                 else:
                     a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
-                    b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag, step)
+                    b = _shared_weight(graph, info, d, shared, node.meta, tag)
+                    if b is None:
+                        b = _operand(graph, current(info.mm.b), 1, d, info, opts, node.meta, tag, step)
+                        key = _weight_key(info, d)
+                        if info.role is MatmulRole.FPROP and key is not None:
+                            shared.setdefault(key, (b, tuple(info.mm.b.meta["val"].shape)))
                     b_ndim = info.mm.b.meta["val"].ndim
                     b_tiled = operand_config(d, 1, b_ndim, info.grad_operand, info.weight_operand)[2]
                     args = (*a, d.fmt, *b, d.fmt, 16 if b_tiled else 1, current(info.mm.bias), node.meta["val"].dtype)

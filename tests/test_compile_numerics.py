@@ -158,3 +158,41 @@ def test_stochastic_rounding_bits_do_not_depend_on_other_runs():
     for _ in range(3):
         other(torch.randn(4, 16, 32)).sum().backward()
     assert bits_equal(first_grad(), alone)
+
+
+def test_transposed_16x16_tiles_are_the_quantization_of_the_transpose():
+    """With 16x16 tiles the dgrad's weight (blocked along N) is the fprop's (blocked along K) transposed:
+    same tiles, scales and codes, so the weight is quantized once."""
+    from autoprec.kernels import dispatch
+    from autoprec.kernels.ops import transpose_tiles
+
+    w = torch.randn(48, 64) * torch.logspace(-3, 3, 64)  # tiles of very different scales
+    w[5, 9] = float("nan")
+    fprop = dispatch.quantize(w.t(), "nvfp4", 0, tile2d=True)  # b = Wᵀ, stored (48, 64)
+    dgrad = dispatch.quantize(w, "nvfp4", 0, tile2d=True)  # b = W, stored (64, 48)
+    codes, scales = transpose_tiles(fprop.codes, fprop.scales.view(torch.uint8))
+    assert bits_equal(codes, dgrad.codes) and bits_equal(scales, dgrad.scales.view(torch.uint8))
+    assert bits_equal(fprop.tensor_scale, dgrad.tensor_scale)
+
+
+def test_dgrad_reuses_the_fprop_weight_quantization(rewritten, monkeypatch):
+    """nvfp4_nvidia: each 16x16-tiled weight is quantized once (its dgrad reads the transpose), and the
+    loss and gradients are bit-identical to quantizing it again for the dgrad."""
+    from autoprec.passes import rewrite
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        m = MLP()
+        loss = torch.compile(m, backend="autoprec", options={"recipe": "nvfp4_nvidia"})(torch.randn(4, 16, 32))
+        loss.pow(2).mean().backward()
+        torch._dynamo.reset()
+        return loss.detach(), grads(m)
+
+    shared, shared_grads = run()
+    names = [str(n.target) for n in rewritten[-1].graph.nodes if n.op == "call_function"]
+    assert names.count("autoprec.transpose_tiles.default") == 1  # fc2's dgrad (fc1 has no dgrad)
+    assert names.count("autoprec.quantize.default") == 9
+    monkeypatch.setattr(rewrite, "_shared_weight", lambda *args: None)
+    again, again_grads = run()
+    assert bits_equal(shared, again)
+    assert all(bits_equal(g, w) for g, w in zip(shared_grads, again_grads))
