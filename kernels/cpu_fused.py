@@ -42,6 +42,7 @@ SIGNATURES = {
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
     "nvfp4_tensor_scale": [_PTR, _I64, _PTR],
+    "nvfp4_quantize": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _INT, _U32, _U32, _PTR, _PTR, _PTR, _PTR, _PTR],
     "mx_quantize_cols": [_PTR, _I64, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _I64, _PTR,
                          _PTR],
     "nvfp4_quantize_cols": [_PTR, _I64, _I64, _I64, _F32, _F32, _INT, _U32, _U32, _I64, _I64, _PTR, _PTR],
@@ -112,10 +113,14 @@ def _lib() -> ctypes.CDLL:
 
 def _call(name: str, *args) -> None:
     """Call C function ``name``; tensors pass as data pointers, None as NULL (``args`` keeps them alive)."""
+    c_args = []
     for a in args:
-        if isinstance(a, torch.Tensor) and not a.is_contiguous():
-            raise ValueError(f"{name}: tensor arguments must be contiguous")
-    getattr(_lib(), name)(*[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+        if isinstance(a, torch.Tensor):
+            if not a.is_contiguous():
+                raise ValueError(f"{name}: tensor arguments must be contiguous")
+            a = a.data_ptr()
+        c_args.append(a)
+    getattr(_lib(), name)(*c_args)
 
 
 def _layout(x: torch.Tensor, axis: int) -> tuple[int, int, int]:
@@ -286,6 +291,15 @@ def quantize_cpu(
         n_rows, n, inner = row_base.numel(), xm.shape[-1], 1 if last else x.shape[-1]
     k = xm.shape[-1]
     sr, k1, k2 = _sr_keys(seed)
+    if fmt is NVFP4 and not tile2d:
+        nb = xm.numel() // BLOCK
+        scratch, bad = torch.empty(3 * nb), torch.empty(nb, dtype=torch.uint8)
+        scales = torch.empty(xm.shape[:-1] + (k // BLOCK,), dtype=torch.uint8)
+        s_dec, codes = torch.empty(()), torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
+        n_whole = 0 if whole is None else whole.numel()
+        _call("nvfp4_quantize", xm, n_rows, n, inner, row_base, whole, n_whole, sr, k1, k2, scratch, bad, scales, s_dec,
+              codes)
+        return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec, axis, torch.Size(shape))
     if fmt is NVFP4:
         amax, bad = _amax(xm)
         if tile2d:

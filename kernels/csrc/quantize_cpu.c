@@ -92,6 +92,22 @@ void nvfp4_round_pack(const float *x, int64_t R, int64_t K, const float *e_b, in
     }
 }
 
+/* NVFP4 with 1x16 blocks in one call: block amaxes, the tensor scale (from the finite max of the n_whole
+ * values of `whole` when given: the tensor these rows are a part of; else of the block amaxes), the E4M3
+ * block scales as bytes, S_dec and the packed codes. scratch: 3 floats and bad: 1 byte per block. */
+void nvfp4_quantize(const float *x, int64_t R, int64_t K, int64_t inner, const int64_t *row_base, const float *whole,
+                    int64_t n_whole, int sr, uint32_t k1, uint32_t k2, float *scratch, uint8_t *bad, uint8_t *scales,
+                    float *s_dec, uint8_t *codes) {
+    int64_t nb = R * K / 16;
+    float *amax = scratch, *s_b = scratch + nb, *e_b = scratch + 2 * nb, ts[2];
+    amax_blocks(x, nb, 16, amax, bad);
+    nvfp4_tensor_scale(whole ? whole : amax, whole ? n_whole : nb, ts);
+    nvfp4_scales(amax, bad, nb, ts[0], ts[1], s_b, e_b);
+    for (int64_t i = 0; i < nb; i++) scales[i] = fp8_encode(s_b[i], 3, 7);
+    nvfp4_round_pack(x, R, K, e_b, sr, k1, k2, inner, row_base, codes);
+    *s_dec = ts[1];
+}
+
 static void mx_chunk(const float *restrict x, const float *restrict f, const uint32_t *restrict rnd, int64_t n,
                      int32_t mbits, int32_t bias, float maxv, int sr, uint8_t *restrict out) {
     if (sr) {
