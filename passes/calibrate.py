@@ -165,7 +165,11 @@ class Calibration:
         has_weight = tag.weight_operand is not None
         errors, cache = {}, {}
         out = self.stats.setdefault(tag.key, {})
-        qa, qb = (_blocked_copy(x, x.ndim - 1 - which) for which, x in enumerate((a32, b32)))
+        # an operand quantized in parts is first laid out with its blocks contiguous (cut from there, the
+        # parts are cheap); one quantized whole (or by the grouped GEMM) is read in place
+        qa, qb = (_blocked_copy(x, x.ndim - 1 - which)
+                  if tag.layout is None and any(sample.part(which, x.ndim).values()) else x
+                  for which, x in enumerate((a32, b32)))
         for c in measured(role, has_weight):
             if not _blockable(a32, b32, c, tag.weight_operand, tag.layout):
                 continue
