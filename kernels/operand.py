@@ -14,7 +14,7 @@ KIND_NVFP4, KIND_MXFP8, KIND_BF16 = 0, 1, 2
 @dataclass(frozen=True)
 class Operand:
     """One GEMM operand stored (rows, K) with K the reduction axis: a quantized tensor blocked along
-    K, or plain bfloat16 values."""
+    K, or plain bfloat16 values (a view, possibly strided: the kernels take a contiguous copy)."""
 
     fmt: Format
     codes: torch.Tensor
@@ -43,7 +43,7 @@ def as_operand(x: QuantizedTensor | torch.Tensor, k_axis: int, name: str) -> Ope
         return Operand(x.fmt, x.codes, x.scales, x.tensor_scale, rows, k, x.tile_rows)
     if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.dtype != torch.bfloat16:
         raise TypeError(f"scaled_mm: operand {name} must be a QuantizedTensor or a 2D bfloat16 tensor")
-    stored = (x if k_axis == 1 else x.t()).contiguous()
+    stored = x if k_axis == 1 else x.t()  # made contiguous only where a kernel reads it (kernel_args)
     return Operand(BF16, stored, None, None, stored.shape[0], stored.shape[1])
 
 
@@ -51,7 +51,8 @@ def kernel_args(op: Operand) -> tuple[list[torch.Tensor], list]:
     """Pointers and constexprs (kind, element bits, bias, Inf) describing one operand to the Triton matmuls."""
     elem = op.fmt.elem
     if op.kind == KIND_BF16:
-        return [op.codes, op.codes, op.codes], [KIND_BF16, 0, 0, 0, False]
+        codes = op.codes.contiguous()
+        return [codes, codes, codes], [KIND_BF16, 0, 0, 0, False]
     ts = op.tensor_scale if op.tensor_scale is not None else op.codes
     ptrs = [op.codes.view(torch.uint8), op.scales.view(torch.uint8), ts]
     return ptrs, [op.kind, elem.ebits, elem.mbits, elem.bias, elem.torch_dtype == torch.float8_e5m2]
