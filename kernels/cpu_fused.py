@@ -41,6 +41,7 @@ SIGNATURES = {
     "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _F32, _PTR],
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
+    "rht16_amax": [_PTR, _I64, _I64, _PTR, _PTR],
     "nvfp4_tensor_scale": [_PTR, _I64, _PTR],
     "nvfp4_quantize": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _INT, _U32, _U32, _PTR, _PTR, _PTR, _PTR, _PTR],
     "mx_quantize_cols": [_PTR, _I64, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _I64, _PTR,
@@ -278,11 +279,15 @@ def quantize_cpu(
     else:  # a part of the whole (transformed) tensor, which also gives NVFP4's tensor scale
         check_blocks(x, fmt, axis)
         moved = x.to(torch.float32).movedim(axis, -1)
-        if rht:
-            moved = _rht(moved.contiguous(), rht_signs)
-        whole = (moved if rht else _dense(moved)) if fmt is NVFP4 else None
+        if fmt is NVFP4 and rht:  # the transformed whole's finite amax, without writing the transform
+            whole = torch.empty(1)
+            flat = moved.contiguous()
+            _call("rht16_amax", flat, flat.numel() // flat.shape[-1], flat.shape[-1], _rht_coefs(rht_signs), whole)
+        elif fmt is NVFP4:
+            whole = _dense(moved)
         row_base = _row_bases(x.shape, axis, rows, batches)
         xm = (moved if batches is None else moved[batches])[..., rows, :].contiguous()
+        xm = _rht(xm, rht_signs) if rht else xm
         last = axis == x.ndim - 1
         shape = list(x.shape)
         shape[-2 if last else -1] = xm.shape[-2]
