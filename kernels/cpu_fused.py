@@ -187,7 +187,7 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2)
 
 
-def _column_source(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, int, int] | None:
+def _column_source(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, int]] | None:
     """For an input whose blocks run across memory rows (a (tokens, features) tensor blocked along the
     tokens, or a transposed view blocked along its last dim): the contiguous (B, K, R) array the column
     kernels read in place, and the (row, K) strides of the logical index for the SR bits. None otherwise."""

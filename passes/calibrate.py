@@ -109,7 +109,7 @@ class Calibration:
         if c.fmt == "bf16":
             return dispatch.scaled_mm(sample.pick(a, 0).bfloat16(), sample.pick(b, 1).bfloat16(), bias)
         cache = {} if cache is None else cache
-        keys = []
+        keys, tiled = [], []
         for which, x in enumerate((a, b)):
             axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
             key = (which, c.fmt, axis, rounding, tile2d, c.rht)
@@ -119,12 +119,13 @@ class Calibration:
                                                tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
                                                rht_signs=rht_signs(self.rht_seed), **part)
             keys.append(key)
+            tiled.append(tile2d)
         if sample.whole:
             return dispatch.scaled_mm(cache[keys[0]], cache[keys[1]], bias)
         for which, key in enumerate(keys):
             if (key, "values") not in cache:
                 values = dispatch.dequantize(cache[key])
-                cache[key, "values"] = sample.pick(values, which) if key[4] else values
+                cache[key, "values"] = sample.pick(values, which) if tiled[which] else values
         y = torch.matmul(cache[keys[0], "values"], cache[keys[1], "values"])
         return y if bias is None else y + bias
 

@@ -201,31 +201,29 @@ void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut,
 
 /* The RHT along K in tiles of 16: y_i = (sum_j x_j * coef_t[j][i], in order j = 0..15) * 1/4. The 16 sums
  * run side by side (vectorized over i), each still adding its terms in order j = 0..15. */
-void rht16(const float *x, int64_t R, int64_t K, const float *coef_t, float *y) {
-    for (int64_t t = 0; t < R * K; t += 16) {
-        float acc[16] = {0};
+INLINE void rht_tile(const float *x, const float *coef_t, float *y) {
+    float acc[16] = {0};
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) {
-            float pj = x[t + j];
-            for (int i = 0; i < 16; i++) acc[i] = acc[i] + pj * coef_t[j * 16 + i];
-        }
-        for (int i = 0; i < 16; i++) y[t + i] = acc[i] * 0.25f;
+    for (int j = 0; j < 16; j++) {
+        float pj = x[j];
+        for (int i = 0; i < 16; i++) acc[i] = acc[i] + pj * coef_t[j * 16 + i];
     }
+    for (int i = 0; i < 16; i++) y[i] = acc[i] * 0.25f;
+}
+
+void rht16(const float *x, int64_t R, int64_t K, const float *coef_t, float *y) {
+    for (int64_t t = 0; t < R * K; t += 16) rht_tile(x + t, coef_t, y + t);
 }
 
 /* The max |y| over the finite values of rht16's output y, without writing y (the tensor scale of a
- * transformed tensor when only a part of it is quantized). Same sums in the same order as rht16. */
+ * transformed tensor when only a part of it is quantized). */
 void rht16_amax(const float *x, int64_t R, int64_t K, const float *coef_t, float *amax) {
     uint32_t m = 0;
     for (int64_t t = 0; t < R * K; t += 16) {
-        float acc[16] = {0};
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) {
-            float pj = x[t + j];
-            for (int i = 0; i < 16; i++) acc[i] = acc[i] + pj * coef_t[j * 16 + i];
-        }
+        float y[16];
+        rht_tile(x + t, coef_t, y);
         for (int i = 0; i < 16; i++) {
-            uint32_t b = bits_of(acc[i] * 0.25f) & 0x7FFFFFFFu;
+            uint32_t b = bits_of(y[i]) & 0x7FFFFFFFu;
             b &= -(uint32_t)(b < 0x7F800000u);
             m = b > m ? b : m;
         }
