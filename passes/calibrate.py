@@ -97,8 +97,9 @@ class Calibration:
     problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
     # grouped GEMMs: (sum of each expert's token count over the measurements, number of measurements)
     group_tokens: dict[GemmKey, tuple[list[int], int]] = field(default_factory=dict)
-    _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor], tuple]] = field(
-        default_factory=dict)
+    # a forward GEMM's normalised exact product and candidates' errors, its output shape and measured part
+    _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor], tuple, Sample]] = (
+        field(default_factory=dict))
 
     def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag,
                 sample: Sample = Sample(), cache: dict | None = None) -> torch.Tensor:
