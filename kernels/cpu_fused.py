@@ -170,11 +170,9 @@ def _tensor_scale(values: torch.Tensor) -> tuple[float, torch.Tensor]:
     return float(out[0]), out[1].clone()
 
 
-def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, whole: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reference's scale chain (``nvfp4_core``) in C (``whole``: the whole tensor, when these blocks
-    are a subset of its rows)."""
-    f, s_dec = _tensor_scale(amax if whole is None else whole)
+def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's scale chain (``nvfp4_core``) in C, from the block (or tile) amaxes."""
+    f, s_dec = _tensor_scale(amax)
     s_b, e_b = torch.empty_like(amax), torch.empty_like(amax)
     _call("nvfp4_scales", amax, bad, amax.numel(), f, float(s_dec), s_b, e_b)
     return s_b, e_b, s_dec
@@ -265,9 +263,10 @@ def quantize_cpu(
     ``batches`` (a 3D input's leading dim), with the whole tensor's tensor scale and SR bits."""
     axis = normalize_axis(axis, x.ndim)
     tile_rows = BLOCK if tile2d else 1
+    x = x.to(torch.float32)  # once (a no-op for fp32; keeps a transposed view's strides)
     if rows is None and not tile2d:
         check_blocks(x, fmt, axis)
-        cols = _column_source(x.to(torch.float32), axis)
+        cols = _column_source(x, axis)
         if cols is not None:
             return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs)
     shape, whole, row_base = x.shape, None, None
@@ -278,7 +277,7 @@ def quantize_cpu(
         n_rows, n, inner = _layout(x, axis)
     else:  # a part of the whole (transformed) tensor, which also gives NVFP4's tensor scale
         check_blocks(x, fmt, axis)
-        moved = x.to(torch.float32).movedim(axis, -1)
+        moved = x.movedim(axis, -1)
         if fmt is NVFP4 and rht:  # the transformed whole's finite amax, without writing the transform
             whole = torch.empty(1)
             flat = moved.contiguous()
@@ -309,7 +308,7 @@ def quantize_cpu(
         amax, bad = _amax(xm)
         if tile2d:
             amax, bad = _tile_rows(amax, torch.amax), _tile_rows(bad, torch.amax)
-        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous(), whole)
+        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
         _call("nvfp4_round_pack", xm, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)

@@ -269,8 +269,11 @@ def _exact_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     """``a @ b + bias`` from the fp32 operands (``product``: already computed in fp32 by the graph): in
     fp32 where its max lies in ``FP32_SCALES``, else in float64 (data near the ends of fp32's range,
     where an fp32 product would underflow or overflow)."""
-    y = torch.matmul(a, b) if product is None else product.detach()
-    y = y if bias is None or product is not None else y + bias
+    if product is not None:
+        y = product.detach()  # the graph's output, bias included
+    else:
+        y = torch.matmul(a, b)
+        y = y if bias is None else y + bias
     if y.numel() == 0 or FP32_SCALES[0] <= float(y.abs().max()) <= FP32_SCALES[1]:
         return y
     y = torch.matmul(a.double(), b.double())

@@ -48,6 +48,7 @@ COLUMN_INPUTS = {  # blocks that run across memory rows: (tensor, block axis)
     "transposed-view": (lambda: edge_tensor(96, 64, seed=2).t(), 1),
     "batched": (lambda: torch.randn(2, 64, 48) * 50, 1),
     "batched-transposed-view": (lambda: torch.randn(2, 64, 40).transpose(1, 2), 2),
+    "bf16-tokens": (lambda: (torch.randn(64, 48) * 7).bfloat16(), 0),  # converted once, strides kept
 }
 
 
