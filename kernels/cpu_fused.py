@@ -35,15 +35,16 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off
 _I64, _F32, _U32, _INT, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "block_amax": [_PTR, _I64, _I64, _I64, _PTR, _PTR],
-    "nvfp4_round_pack": [_PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR, _PTR],
-    "mx_quantize": [_PTR, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _PTR, _PTR, _PTR],
+    "nvfp4_round_pack": [_PTR, _PTR, _I64, _I64, _PTR, _INT, _U32, _U32, _I64, _PTR, _PTR],
+    "mx_quantize": [_PTR, _PTR, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _PTR, _PTR, _PTR],
     "nvfp4_scales": [_PTR, _PTR, _I64, _F32, _F32, _PTR, _PTR],
     "nvfp4_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _F32, _PTR],
     "mx_dequantize": [_PTR, _I64, _I64, _PTR, _PTR, _INT, _INT, _PTR],
     "rht16": [_PTR, _I64, _I64, _PTR, _PTR],
     "rht16_amax": [_PTR, _I64, _I64, _PTR, _PTR],
     "nvfp4_tensor_scale": [_PTR, _I64, _PTR],
-    "nvfp4_quantize": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _INT, _U32, _U32, _PTR, _PTR, _PTR, _PTR, _PTR],
+    "nvfp4_quantize": [_PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _INT, _U32, _U32, _PTR, _PTR, _PTR, _PTR,
+                       _PTR],
     "mx_quantize_cols": [_PTR, _I64, _I64, _I64, _INT, _INT, _F32, _INT, _INT, _INT, _U32, _U32, _I64, _I64, _PTR,
                          _PTR],
     "nvfp4_quantize_cols": [_PTR, _I64, _I64, _I64, _F32, _F32, _INT, _U32, _U32, _I64, _I64, _PTR, _PTR],
@@ -247,6 +248,21 @@ def _bases(shape: torch.Size, axis: int, rows: slice | torch.Tensor, batches: sl
     return (batch + per_row).reshape(-1).contiguous()
 
 
+@functools.lru_cache(maxsize=1024)
+def _row_offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
+    """Offset in elements of each row of a (..., rows, K) view with unit stride along K from its first element."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(shape[:-1], strides[:-1]):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size) * stride
+    return offsets.reshape(-1).contiguous()
+
+
+def _source(xm: torch.Tensor, src_row: torch.Tensor | None) -> torch.Tensor | int:
+    """What the C quantizers read: ``xm`` itself when contiguous, else (rows at ``src_row``) its data pointer;
+    the caller keeps ``xm`` alive through the call."""
+    return xm if src_row is None else xm.data_ptr()
+
+
 def _tile_rows(t: torch.Tensor, reduce) -> torch.Tensor:
     """(R, K/16) per-row-block values -> (R/16, K/16) per 16x16 tile."""
     return reduce(t.unflatten(0, (-1, BLOCK)), 1)
@@ -269,7 +285,7 @@ def quantize_cpu(
         cols = _column_source(x, axis)
         if cols is not None:
             return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs)
-    shape, whole, row_base = x.shape, None, None
+    shape, whole, row_base, src_row = x.shape, None, None, None
     if rows is None:
         xm = blocked_view(x, fmt, axis, tile_rows)
         if rht:
@@ -285,8 +301,11 @@ def quantize_cpu(
         elif fmt is NVFP4:
             whole = _dense(moved)
         row_base = _row_bases(x.shape, axis, rows, batches)
-        xm = (moved if batches is None else moved[batches])[..., rows, :].contiguous()
-        xm = _rht(xm, rht_signs) if rht else xm
+        xm = (moved if batches is None else moved[batches])[..., rows, :]
+        if rht or xm.stride(-1) != 1:
+            xm = _rht(xm.contiguous(), rht_signs) if rht else xm.contiguous()
+        elif not xm.is_contiguous():  # the rows are read in place
+            src_row = _row_offsets(tuple(xm.shape), xm.stride())
         last = axis == x.ndim - 1
         shape = list(x.shape)
         shape[-2 if last else -1] = xm.shape[-2]
@@ -301,8 +320,8 @@ def quantize_cpu(
         scales = torch.empty(xm.shape[:-1] + (k // BLOCK,), dtype=torch.uint8)
         s_dec, codes = torch.empty(()), torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
         n_whole = 0 if whole is None else whole.numel()
-        _call("nvfp4_quantize", xm, n_rows, n, inner, row_base, whole, n_whole, sr, k1, k2, scratch, bad, scales, s_dec,
-              codes)
+        _call("nvfp4_quantize", _source(xm, src_row), src_row, n_rows, n, inner, row_base, whole, n_whole, sr, k1, k2,
+              scratch, bad, scales, s_dec, codes)
         return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec, axis, torch.Size(shape))
     if fmt is NVFP4:
         amax, bad = _amax(xm)
@@ -311,13 +330,13 @@ def quantize_cpu(
         s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
-        _call("nvfp4_round_pack", xm, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)
+        _call("nvfp4_round_pack", xm, None, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)
         return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, torch.Size(shape), tile_rows)
     elems = torch.empty(xm.shape, dtype=torch.uint8)
     scales = torch.empty(xm.shape[:-1] + (k // MX_BLOCK,), dtype=torch.uint8)
     e = fmt.elem
-    _call("mx_quantize", xm, n_rows, n, e.mbits, e.bias, e.max, e.emax, int(scale_mode == "floor"), sr, k1, k2, inner,
-          row_base, elems, scales)
+    _call("mx_quantize", _source(xm, src_row), src_row, n_rows, n, e.mbits, e.bias, e.max, e.emax,
+          int(scale_mode == "floor"), sr, k1, k2, inner, row_base, elems, scales)
     return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, torch.Size(shape))
 
 

@@ -43,6 +43,30 @@ def test_fused_quantize_matches_reference(fi, axis, sr, rht):
         assert bits_equal(cpu_fused.dequantize_cpu(got).contiguous(), dequantize_ref(want).contiguous())
 
 
+def nvfp4_ties() -> torch.Tensor:
+    """A tensor whose second 16-block lands exactly on E2M1 midpoints: tensor amax 5.25 makes S_enc 512, a
+    power of two, and block amax 3 then gets block scale 256, so the block's values are scaled by exactly 2."""
+    x = torch.zeros(2, 16)
+    x[0, 0] = 5.25
+    mids = torch.tensor([0.125, 0.375, 0.625, 0.875, 1.25, 1.75, 2.5, 3.0])  # x2: 0.25 0.75 ... 5, 6
+    x[1] = torch.cat([mids, -mids])
+    return x
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_nvfp4_ties_round_to_even(layout):
+    """Values exactly between two E2M1 magnitudes round to the even code in both C paths, as the reference."""
+    x = nvfp4_ties()
+    src, axis = (x, 1) if layout == "rows" else (x.t().contiguous(), 0)
+    got = cpu_fused.quantize_cpu(src, get_format("nvfp4"), axis)
+    want = quantize_ref(src, "nvfp4", axis)
+    assert bits_equal(got.codes, want.codes) and bits_equal(got.scales, want.scales)
+    low, high = got.codes[1] & 0xF, got.codes[1] >> 4
+    codes = torch.stack([low, high], -1).flatten()
+    # 0.25->0  0.75->1.0  1.25->1.0  1.75->2.0  2.5->2.0  3.5->4.0  5->4.0  6->6  (codes 0 2 2 4 4 6 6 7)
+    assert codes[:8].tolist() == [0, 2, 2, 4, 4, 6, 6, 7] and codes[8:].tolist() == [8, 10, 10, 12, 12, 14, 14, 15]
+
+
 COLUMN_INPUTS = {  # blocks that run across memory rows: (tensor, block axis)
     "tokens-of-activation": (lambda: edge_tensor(64, 96), 0),
     "transposed-view": (lambda: edge_tensor(96, 64, seed=2).t(), 1),
@@ -76,17 +100,21 @@ def test_column_kernels_read_in_place_and_match_the_reference(monkeypatch, fmt, 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
 @pytest.mark.parametrize("rounding", ["rne", "sr"])
 @pytest.mark.parametrize("shape", [(64, 96), (3, 40, 64)])
-def test_quantizing_some_rows_gives_those_rows_of_the_whole(fmt, rounding, shape):
+@pytest.mark.parametrize("index", ["tensor", "slice"])
+def test_quantizing_some_rows_gives_those_rows_of_the_whole(fmt, rounding, shape, index):
     """``quantize(rows=...)`` quantizes only the rows calibration samples, bit-identical to the whole
     tensor's quantization restricted to them: the tensor scale (a huge value in an unsampled row sets it)
-    and the SR bits come from the whole tensor."""
+    and the SR bits come from the whole tensor. Sliced rows are read in place."""
     x = torch.randn(shape)
     x[..., 1, 5] = 1e4  # row 1 is not sampled; it alone sets NVFP4's tensor scale
     x[..., 4, :32] = float("nan")
-    rows = torch.arange(0, shape[-2], 4)
+    rows = torch.arange(0, shape[-2], 4) if index == "tensor" else slice(0, shape[-2], 4)
+    in_place = cpu_fused._row_offsets.cache_info()
     got = dispatch.quantize(x, fmt, rounding=rounding, seed=11, rows=rows)
+    after = cpu_fused._row_offsets.cache_info()
+    assert (after.hits + after.misses > in_place.hits + in_place.misses) == (index == "slice")
     whole = quantize_ref(x, fmt, rounding=rounding, rand=sr_bits(x.shape, 11) if rounding == "sr" else None)
-    assert got.shape == (*shape[:-2], len(rows), shape[-1])
+    assert got.shape == (*shape[:-2], len(range(0, shape[-2], 4)), shape[-1])
     assert bits_equal(got.codes.view(torch.uint8), whole.codes[..., rows, :].view(torch.uint8))
     assert bits_equal(got.scales, whole.scales[..., rows, :])
     assert whole.tensor_scale is None or bits_equal(got.tensor_scale, whole.tensor_scale)

@@ -54,6 +54,18 @@ INLINE uint8_t e2m1_encode(float v) {
     return (uint8_t)(v != v ? 0 : (uint32_t)mag | ((b >> 28) & 0x8));
 }
 
+/* The E2M1 code of clamp(t, -6, 6) rounded to nearest, ties to even: round_to_element then e2m1_encode,
+ * computed by comparing |t| with the midpoints between E2M1 magnitudes (0 0.5 1 1.5 2 3 4 6), strictly
+ * where the tie goes down to an even code, inclusively where it goes up. NaN gives code 0; a value that
+ * rounds to zero keeps its sign (code 8 for negative), as -0.0 does. */
+INLINE uint8_t e2m1_rne_code(float t) {
+    uint32_t b = bits_of(t);
+    float a = float_of(b & 0x7FFFFFFFu);
+    uint32_t mag = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) + (uint32_t)(a >= 1.75f) +
+                   (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
+    return (uint8_t)((mag | ((b >> 28) & 0x8)) & -(uint32_t)(t == t));
+}
+
 /* Per block of `block` values along K: max |x| over the finite values, and whether any is NaN/Inf.
  * Non-negative floats order as their bits, so the max runs on integers (and vectorizes). */
 INLINE void amax_blocks(const float *x, int64_t nblocks, int block, float *amax, uint8_t *bad) {

@@ -96,10 +96,10 @@ void nvfp4_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, floa
                     if (sr) {
                         col_bits(k1, k2, (uint64_t)(b * R * K + c0 * rstride + (k0 + kk) * kstride), rstride, nc, rnd);
                         for (int64_t c = 0; c < nc; c++) v[c] = round_to_element(v[c], 1, 0, INFINITY, 1, rnd[c]);
+                        for (int64_t c = 0; c < nc; c++) tile[kk][c] = e2m1_encode(v[c]);
                     } else {
-                        for (int64_t c = 0; c < nc; c++) v[c] = round_to_element(v[c], 1, 0, INFINITY, 0, 0);
+                        for (int64_t c = 0; c < nc; c++) tile[kk][c] = e2m1_rne_code(v[c]);
                     }
-                    for (int64_t c = 0; c < nc; c++) tile[kk][c] = e2m1_encode(v[c]);
                 }
                 for (int64_t c = 0; c < nc; c++) {
                     uint8_t *o = codes + (b * R + c0 + c) * (K / 2) + k0 / 2;

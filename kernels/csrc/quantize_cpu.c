@@ -1,8 +1,8 @@
 /* Fused CPU quantization for autoprec (loaded by kernels/cpu_fused.py through ctypes).
  *
  * Every function repeats the pure-torch reference (kernels/*_ref.py) operation for operation in fp32,
- * so the results are bit-identical. Inputs are contiguous fp32 (rows, K) views with the block axis
- * last. Stochastic rounding's bits are the hash of kernels/random_bits.py, computed in place. Built
+ * so the results are bit-identical. Inputs are fp32 (rows, K) views with the block axis last, contiguous
+ * or (the quantizers' src_row) rows at given offsets. Stochastic rounding's bits are the hash of kernels/random_bits.py, computed in place. Built
  * with -ffp-contract=off: no fused multiply-add may change a rounding. Loops are written so that
  * gcc -O3 vectorizes them (flat loops over row chunks with per-element factors set up first).
  */
@@ -49,6 +49,12 @@ void nvfp4_scales(const float *amax, const uint8_t *bad, int64_t n, float f, flo
     }
 }
 
+/* Row r of a (R, K) input with unit stride along K: at src_row[r] elements from x (a part of a larger
+ * tensor, read in place), or at r * K when src_row is NULL (contiguous). */
+static inline const float *row_of(const float *x, const int64_t *src_row, int64_t r, int64_t K) {
+    return x + (src_row ? src_row[r] : r * K);
+}
+
 #define CHUNK 512  /* elements per row chunk: a multiple of both block sizes, small enough for L1 */
 
 /* The chunk's per-element block factors and (with SR) random bits: row r's columns k0 .. k0+n. */
@@ -64,22 +70,25 @@ static void chunk_setup(const float *fr, int64_t k0, int64_t n, int block, int s
 
 static void nvfp4_chunk(const float *restrict x, const float *restrict f, const uint32_t *restrict rnd, int64_t n,
                         int sr, float *restrict v, uint8_t *restrict out) {
-    for (int64_t j = 0; j < n; j++) {
-        float t = x[j] * f[j];
-        v[j] = t < -6.0f ? -6.0f : (t > 6.0f ? 6.0f : t);   /* torch.clamp: NaN stays NaN */
-    }
-    /* v is within ±6 already, so the element clamp is dropped (max INFINITY): same values, and the SR loop
-     * then vectorizes */
-    if (sr)
+    uint8_t c[CHUNK];
+    if (sr) {
+        for (int64_t j = 0; j < n; j++) {
+            float t = x[j] * f[j];
+            v[j] = t < -6.0f ? -6.0f : (t > 6.0f ? 6.0f : t);   /* torch.clamp: NaN stays NaN */
+        }
+        /* v is within ±6 already, so the element clamp is dropped (max INFINITY): same values, and the loop
+         * vectorizes */
         for (int64_t j = 0; j < n; j++) v[j] = round_to_element(v[j], 1, 0, INFINITY, 1, rnd[j]);
-    else
-        for (int64_t j = 0; j < n; j++) v[j] = round_to_element(v[j], 1, 0, INFINITY, 0, 0);
-    for (int64_t j = 0; j < n / 2; j++) out[j] = (uint8_t)(e2m1_encode(v[2 * j]) | (e2m1_encode(v[2 * j + 1]) << 4));
+        for (int64_t j = 0; j < n; j++) c[j] = e2m1_encode(v[j]);
+    } else {   /* the clamp is implied: every |t| > 5 takes code 7 */
+        for (int64_t j = 0; j < n; j++) c[j] = e2m1_rne_code(x[j] * f[j]);
+    }
+    for (int64_t j = 0; j < n / 2; j++) out[j] = (uint8_t)(c[2 * j] | (c[2 * j + 1] << 4));
 }
 
 /* NVFP4 elements: codes of round(clamp(x * e_b, -6, 6)) packed two per byte (even index low). */
-void nvfp4_round_pack(const float *x, int64_t R, int64_t K, const float *e_b, int sr, uint32_t k1, uint32_t k2,
-                      int64_t inner, const int64_t *row_base, uint8_t *codes) {
+void nvfp4_round_pack(const float *x, const int64_t *src_row, int64_t R, int64_t K, const float *e_b, int sr,
+                      uint32_t k1, uint32_t k2, int64_t inner, const int64_t *row_base, uint8_t *codes) {
     float f[CHUNK], v[CHUNK];
     uint32_t rnd[CHUNK];
     for (int64_t r = 0; r < R; r++) {
@@ -87,7 +96,7 @@ void nvfp4_round_pack(const float *x, int64_t R, int64_t K, const float *e_b, in
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
             chunk_setup(e_b + r * (K / 16), k0, n, 16, sr, k1, k2, base, (uint64_t)inner, f, rnd);
-            nvfp4_chunk(x + r * K + k0, f, rnd, n, sr, v, codes + (r * K + k0) / 2);
+            nvfp4_chunk(row_of(x, src_row, r, K) + k0, f, rnd, n, sr, v, codes + (r * K + k0) / 2);
         }
     }
 }
@@ -95,16 +104,16 @@ void nvfp4_round_pack(const float *x, int64_t R, int64_t K, const float *e_b, in
 /* NVFP4 with 1x16 blocks in one call: block amaxes, the tensor scale (from the finite max of the n_whole
  * values of `whole` when given: the tensor these rows are a part of; else of the block amaxes), the E4M3
  * block scales as bytes, S_dec and the packed codes. scratch: 3 floats and bad: 1 byte per block. */
-void nvfp4_quantize(const float *x, int64_t R, int64_t K, int64_t inner, const int64_t *row_base, const float *whole,
-                    int64_t n_whole, int sr, uint32_t k1, uint32_t k2, float *scratch, uint8_t *bad, uint8_t *scales,
-                    float *s_dec, uint8_t *codes) {
+void nvfp4_quantize(const float *x, const int64_t *src_row, int64_t R, int64_t K, int64_t inner,
+                    const int64_t *row_base, const float *whole, int64_t n_whole, int sr, uint32_t k1, uint32_t k2,
+                    float *scratch, uint8_t *bad, uint8_t *scales, float *s_dec, uint8_t *codes) {
     int64_t nb = R * K / 16;
     float *amax = scratch, *s_b = scratch + nb, *e_b = scratch + 2 * nb, ts[2];
-    amax_blocks(x, nb, 16, amax, bad);
+    for (int64_t r = 0; r < R; r++) amax_blocks(row_of(x, src_row, r, K), K / 16, 16, amax + r * (K / 16), bad + r * (K / 16));
     nvfp4_tensor_scale(whole ? whole : amax, whole ? n_whole : nb, ts);
     nvfp4_scales(amax, bad, nb, ts[0], ts[1], s_b, e_b);
     for (int64_t i = 0; i < nb; i++) scales[i] = fp8_encode(s_b[i], 3, 7);
-    nvfp4_round_pack(x, R, K, e_b, sr, k1, k2, inner, row_base, codes);
+    nvfp4_round_pack(x, src_row, R, K, e_b, sr, k1, k2, inner, row_base, codes);
     *s_dec = ts[1];
 }
 
@@ -120,9 +129,9 @@ static void mx_chunk(const float *restrict x, const float *restrict f, const uin
 }
 
 /* MXFP8 in one pass over x: per row chunk (in L1) the block amaxes, the E8M0 scales and the elements. */
-void mx_quantize(const float *x, int64_t R, int64_t K, int32_t mbits, int32_t bias, float maxv, int32_t emax,
-                 int floor_mode, int sr, uint32_t k1, uint32_t k2, int64_t inner, const int64_t *row_base, uint8_t *out,
-                 uint8_t *scales) {
+void mx_quantize(const float *x, const int64_t *src_row, int64_t R, int64_t K, int32_t mbits, int32_t bias, float maxv,
+                 int32_t emax, int floor_mode, int sr, uint32_t k1, uint32_t k2, int64_t inner, const int64_t *row_base,
+                 uint8_t *out, uint8_t *scales) {
     float f[CHUNK], amax[CHUNK / 16], factor[CHUNK / 32];
     uint8_t bad[CHUNK / 16];
     uint32_t rnd[CHUNK];
@@ -130,7 +139,7 @@ void mx_quantize(const float *x, int64_t R, int64_t K, int32_t mbits, int32_t bi
         uint64_t base = (uint64_t)(row_base ? row_base[r] : (r / inner) * K * inner + r % inner);
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
-            const float *xc = x + r * K + k0;
+            const float *xc = row_of(x, src_row, r, K) + k0;
             block_amax(xc, 1, n, 32, amax, bad);
             mx_scales(amax, bad, n / 32, maxv, emax, floor_mode, scales + (r * K + k0) / 32, factor);
             chunk_setup(factor, 0, n, 32, sr, k1, k2, base + (uint64_t)k0 * (uint64_t)inner, (uint64_t)inner, f, rnd);
