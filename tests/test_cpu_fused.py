@@ -67,6 +67,33 @@ def test_nvfp4_ties_round_to_even(layout):
     assert codes[:8].tolist() == [0, 2, 2, 4, 4, 6, 6, 7] and codes[8:].tolist() == [8, 10, 10, 12, 12, 14, 14, 15]
 
 
+def fp8_midpoints(fmt: str) -> torch.Tensor:
+    """Blocks of 32 led by the format's max (so the E8M0 scale is 1 and values are rounded as they are)
+    holding every midpoint between neighbouring FP8 values, the fp32 numbers either side of each, and their
+    negatives: every tie and near-tie of round-to-nearest-even, subnormal ones included."""
+    dtype = get_format(fmt).elem.torch_dtype
+    grid = torch.arange(128, dtype=torch.uint8).view(dtype).float()
+    grid = grid[torch.isfinite(grid)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    vals = torch.cat([mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, grid[-1:] * 2), grid])
+    vals = torch.cat([vals, -vals])
+    per_block = 31
+    vals = torch.cat([vals, torch.zeros(-len(vals) % per_block)]).reshape(-1, per_block)
+    return torch.cat([torch.full((len(vals), 1), float(grid[-1])), vals], 1)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_fp8_rounds_every_tie_as_the_reference(fmt, layout):
+    """MXFP8 round-to-nearest-even in both C paths, at every midpoint of the FP8 grid and beside it."""
+    x = fp8_midpoints(fmt)
+    src, axis = (x, 1) if layout == "rows" else (x.t().contiguous(), 0)
+    got = cpu_fused.quantize_cpu(src, get_format(fmt), axis)
+    want = quantize_ref(src, fmt, axis)
+    assert bool((want.scales == 127).all())  # scale 1: the values above are what gets rounded
+    assert bits_equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8))
+
+
 COLUMN_INPUTS = {  # blocks that run across memory rows: (tensor, block axis)
     "tokens-of-activation": (lambda: edge_tensor(64, 96), 0),
     "transposed-view": (lambda: edge_tensor(96, 64, seed=2).t(), 1),

@@ -117,6 +117,22 @@ INLINE uint8_t fp8_encode(float v, int32_t mbits, int32_t bias) {
     return (uint8_t)(v != v ? 0x7F : out);
 }
 
+/* fp8_encode(round_to_element(t, mbits, 1 - bias, maxv, RNE)) from the bits: |t| clamped to maxv, then
+ * normal values round their fp32 mantissa to mbits bits (ties to even; a carry moves to the next
+ * exponent) and rebase the exponent, and values below 2**emin round onto the subnormal grid by adding
+ * 2**(emin - mbits + 23), whose fp32 spacing is that grid's. NaN gives 0x7F. */
+INLINE uint8_t fp8_rne_code(float t, int32_t mbits, int32_t bias, float maxv) {
+    uint32_t b = bits_of(t), shift = 23 - (uint32_t)mbits;
+    float a = float_of(b & 0x7FFFFFFFu);
+    a = a > maxv ? maxv : a;                      /* torch.clamp(max=): NaN stays NaN */
+    uint32_t ab = bits_of(a);
+    uint32_t normal = ((ab + (1u << (shift - 1)) - 1 + ((ab >> shift) & 1)) >> shift) - ((uint32_t)(127 - bias) << mbits);
+    float magic = pow2(1 - bias - mbits + 23);
+    uint32_t sub = bits_of(a + magic) - bits_of(magic);
+    uint32_t out = ((b >> 24) & 0x80) | (a < pow2(1 - bias) ? sub : normal);
+    return (uint8_t)(t != t ? 0x7F : out);
+}
+
 void nvfp4_scales(const float *amax, const uint8_t *bad, int64_t n, float f, float s_dec, float *s_b, float *e_b);
 
 #endif

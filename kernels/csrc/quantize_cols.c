@@ -58,9 +58,7 @@ void mx_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, int32_t
                             tile[kk][c] = fp8_encode(round_to_element(row[c] * factor[c], mbits, 1 - bias, maxv, 1,
                                                                       rnd[c]), mbits, bias);
                     } else {
-                        for (int64_t c = 0; c < nc; c++)
-                            tile[kk][c] = fp8_encode(round_to_element(row[c] * factor[c], mbits, 1 - bias, maxv, 0, 0),
-                                                     mbits, bias);
+                        for (int64_t c = 0; c < nc; c++) tile[kk][c] = fp8_rne_code(row[c] * factor[c], mbits, bias, maxv);
                     }
                 }
                 for (int64_t c = 0; c < nc; c++) {

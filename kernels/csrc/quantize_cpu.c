@@ -123,8 +123,7 @@ static void mx_chunk(const float *restrict x, const float *restrict f, const uin
         for (int64_t j = 0; j < n; j++)
             out[j] = fp8_encode(round_to_element(x[j] * f[j], mbits, 1 - bias, maxv, 1, rnd[j]), mbits, bias);
     } else {
-        for (int64_t j = 0; j < n; j++)
-            out[j] = fp8_encode(round_to_element(x[j] * f[j], mbits, 1 - bias, maxv, 0, 0), mbits, bias);
+        for (int64_t j = 0; j < n; j++) out[j] = fp8_rne_code(x[j] * f[j], mbits, bias, maxv);
     }
 }
 
