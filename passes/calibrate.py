@@ -143,7 +143,9 @@ class Calibration:
         ``product``: the GEMM's own output in the graph, reused as the exact product when it is fp32)."""
         a32, b32 = a.detach().float(), b.detach().float()
         bias32 = None if bias is None else bias.detach().float()
-        problem = _non_finite(a32, b32, bias32)
+        if product is not None and (product.dtype, product.shape) != (torch.float32, (*a.shape[:-1], b.shape[-1])):
+            product = None
+        problem = _non_finite(a32, b32, bias32, product)
         if problem:
             self.problems[tag.key] = problem
             self._fwd_error.pop(tag.pair, None)
@@ -156,14 +158,13 @@ class Calibration:
         else:
             sample = Sample.of(a32.shape, b32.shape)
             bias32 = sample.pick(bias32, 1)
-            if product is not None and (product.dtype, product.shape) != (torch.float32, (*a.shape[:-1], b.shape[-1])):
-                product = None
             exact = _exact_product(sample.pick(a32, 0), sample.pick(b32, 1), bias32, sample.pick(product, 2))
         if exact.numel() == 0 or a32.shape[-1] == 0:
             return  # an empty batch tells nothing; a later step (or none: BF16, said so) decides
         scale = _scale_of(exact)
         exact = exact / scale  # the candidates' errors are computed in its dtype
-        energy, mean_abs, sign = _dot(exact, exact), exact.abs().mean(), exact.sign()  # shared by the candidates
+        # shared by the candidates: the signal's energy and Σ|Y| (the bias is Σ(Ŷ-Y)·sign(Y) / Σ|Y|), sign(Y), -Y
+        energy, abs_sum, sign, neg_exact = _dot(exact, exact), float(exact.abs().sum()), exact.sign(), exact.neg()
         has_weight = tag.weight_operand is not None
         errors, cache = {}, {}
         out = self.stats.setdefault(tag.key, {})
@@ -182,8 +183,8 @@ class Calibration:
                 y = sample.pick(y.flatten(0, -2), 2)
             else:
                 y = self.emulate(qa, qb, bias32, c, tag, sample, cache)
-            diff = _normalized(y, scale, exact.dtype).sub_(exact)
-            add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign) / diff.numel(), mean_abs),
+            diff = _normalized_error(y, scale, neg_exact)
+            add_stat(out, c, Stat(_ratio(_dot(diff, diff), energy), _ratio(_dot(diff, sign), abs_sum),
                                   group_err=per_group))
             errors[c] = diff
         if role is MatmulRole.FPROP and tag.layout in (None, "2d3d"):  # rows of the output are tokens
@@ -250,9 +251,16 @@ def _group_errors(y: torch.Tensor, exact: torch.Tensor, offs: torch.Tensor | Non
     return tuple(_ratio(_dot(p - q, p - q), _dot(q, q)) for p, q in parts)
 
 
-def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+def _non_finite(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+                product: torch.Tensor | None = None) -> str | None:
     """Which operands hold NaN/Inf (None when all are finite). A finite fp32 sum proves every value
-    finite (one fast pass); a sum that overflowed is checked again with min and max, which propagate NaN."""
+    finite (one fast pass); a sum that overflowed is checked again with min and max, which propagate NaN.
+    A finite ``product`` (the graph's fp32 ``a @ b + bias``, when smaller than the operands) proves it
+    too: a NaN or Inf in a row of ``a``, a column of ``b`` or the bias makes that row or column of the
+    product NaN or Inf."""
+    if (product is not None and 0 < product.numel() < a.numel() + b.numel() and a.shape[-1]
+            and torch.isfinite(product.sum())):
+        return None
     bad = [name for name, t in (("a", a), ("b", b), ("bias", bias))
            if t is not None and t.numel() and not torch.isfinite(t.sum())
            and not torch.isfinite(torch.stack(torch.aminmax(t))).all()]
@@ -280,9 +288,12 @@ def _exact_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     return y if bias is None else y + bias.double()
 
 
-def _normalized(y: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A candidate's product divided by the exact product's max, as a new tensor of the exact's ``dtype``."""
-    return y.float() / float(scale) if dtype == torch.float32 else y.double().div_(scale)
+def _normalized_error(y: torch.Tensor, scale: torch.Tensor, neg_exact: torch.Tensor) -> torch.Tensor:
+    """``y / scale - exact`` (``neg_exact``: -exact, already divided by ``scale``), a new tensor in the exact's
+    dtype: in fp32 one pass multiplying by 1/scale (a normal number there), in float64 a division."""
+    if neg_exact.dtype == torch.float32:
+        return torch.add(neg_exact, y.float(), alpha=1.0 / float(scale))
+    return y.double().div_(scale).add_(neg_exact)
 
 
 def _blocked_copy(x: torch.Tensor, axis: int) -> torch.Tensor:
