@@ -134,7 +134,7 @@ class ModelPlan:
         self.n_graphs = 0
         self._variants: list[weakref.ref] = []
         auto = opts.recipe == "auto" and opts.plan is None
-        self.calibration = Calibration(opts.mx_scale, opts.seed) if auto else None
+        self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto else None
         self.fixed = not auto
         names = [n for n, _ in root.named_modules()] if root is not None else None
         self._assigner = Assigner(opts, self.calibration, names) if names is not None else None
@@ -345,8 +345,9 @@ def reduce_across_ranks(calibration: Calibration) -> None:
         return
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (calibration.stats, calibration.problems, calibration.group_tokens))
-    merged = Calibration(calibration.mx_scale, calibration.rht_seed)
+    merged = Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope)
     for stats, problems, tokens in gathered:
-        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, stats, problems, tokens))
+        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope, stats, problems,
+                                 tokens))
     calibration.stats, calibration.problems = merged.stats, merged.problems
     calibration.group_tokens = merged.group_tokens

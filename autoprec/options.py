@@ -16,6 +16,7 @@ PHASES = ("pretrain", "rl_sampler", "rl_trainer")
 INNER = ("aot_eager", "inductor")
 SCALE_MODES = ("rceil", "floor")
 COSTS = ("roofline", "at_scale")
+MEASURES = ("eligible", "all")
 REFERENCE_KEYS = ("d_model", "ffn", "tokens", "seq")
 
 
@@ -27,6 +28,9 @@ class CompileOptions:
         round-to-nearest), ``nvfp4_nvidia`` (NVIDIA's published NVFP4 recipe).
     phase: ``pretrain``, ``rl_sampler`` (inference) or ``rl_trainer`` (forward copied from ``match``).
     calibrate: high-precision calibration steps before the plan is fixed (``auto`` only).
+    measure: what calibration scores, ``eligible`` (the configurations the solver may pick) or ``all`` (also
+        round-to-nearest on gradients and SR without the RHT on wgrad, which it never picks; slower, for
+        studies of the damage model).
     budget: quality budget, the mean damage allowed per GEMM (relative error scale, see plan docs).
     target_speedup: instead of a budget, the projected speedup to reach at least damage.
     hardware: cost-model table, ``gb300``, ``b200`` or ``h100``.
@@ -44,6 +48,7 @@ class CompileOptions:
     recipe: str = "auto"
     phase: str = "pretrain"
     calibrate: int = 1
+    measure: str = "eligible"
     budget: float = 0.01
     target_speedup: float | None = None
     hardware: str = "gb300"
@@ -60,7 +65,7 @@ class CompileOptions:
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
-                   ("hardware", tuple(HARDWARE)), ("cost", COSTS))
+                   ("hardware", tuple(HARDWARE)), ("cost", COSTS), ("measure", MEASURES))
         for name, valid in choices:
             value = getattr(self, name)
             _need(name, value, isinstance(value, str), "a string")

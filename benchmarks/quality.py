@@ -60,13 +60,13 @@ def recipe_options(name: str, steps: int, nvidia_speedup: float | None) -> dict:
     if name == "nvfp4_nvidia+bf16_tail":
         return {"recipe": "nvfp4_nvidia", "schedule": [{"from_step": max(1, round(steps * (1 - TAIL))),
                                                         "overrides": {"*": {"fprop": "bf16"}}}]}
-    if name == "auto":
-        return {"recipe": "auto"}
+    if name == "auto":  # measure="all": the damage table also scores the biased configurations
+        return {"recipe": "auto", "measure": "all"}
     if name.startswith("auto@"):
         target = name[5:]
         if target == "nv" and nvidia_speedup is None:
             raise ValueError("auto@nv needs the nvfp4_nvidia row first (it targets its at-scale speedup)")
-        return {"recipe": "auto", "cost": "at_scale",
+        return {"recipe": "auto", "measure": "all", "cost": "at_scale",
                 "target_speedup": nvidia_speedup if target == "nv" else float(target)}
     raise ValueError(f"unknown recipe row {name!r}; valid: {', '.join(FIXED)}, nvfp4_nvidia+bf16_tail, auto, auto@X")
 

@@ -36,18 +36,19 @@ NVFP4_SR = Candidate("nvfp4", "sr")
 NVFP4_SR_2D = Candidate("nvfp4", "sr", tile2d=True)
 NVFP4_SR_RHT = Candidate("nvfp4", "sr", rht=True)
 
-# measured during calibration (the plan shows all of them) ...
-MEASURED = {
-    MatmulRole.FPROP: (NVFP4, NVFP4_2D, MXFP8, BF16),
-    MatmulRole.DGRAD: (NVFP4, NVFP4_SR, NVFP4_SR_2D, MXFP8, BF16),
-    MatmulRole.WGRAD: (NVFP4, NVFP4_SR, NVFP4_SR_RHT, MXFP8, BF16),
-}
-# ... and what the pretrain policy lets the solver pick: forward by error; backward only unbiased
-# NVFP4 (stochastic rounding on gradients, RHT on wgrad operands), as in NVIDIA's NVFP4 recipe
+# what the pretrain policy lets the solver pick (and calibration measures): forward by error; backward
+# only unbiased NVFP4 (stochastic rounding on gradients, RHT on wgrad operands), as in NVIDIA's recipe ...
 ELIGIBLE = {
     MatmulRole.FPROP: (NVFP4, NVFP4_2D, MXFP8, BF16),
     MatmulRole.DGRAD: (NVFP4_SR, NVFP4_SR_2D, MXFP8, BF16),
     MatmulRole.WGRAD: (NVFP4_SR_RHT, MXFP8, BF16),
+}
+# ... and the biased backward configurations it never picks, measured too with options measure="all" (for
+# studies of the damage model: what round-to-nearest and SR without the RHT would cost)
+BIASED = {
+    MatmulRole.FPROP: (),
+    MatmulRole.DGRAD: (NVFP4,),
+    MatmulRole.WGRAD: (NVFP4, NVFP4_SR),
 }
 
 
@@ -62,9 +63,11 @@ def operand_config(choice, which: int, ndim: int, grad_operand: int | None,
     return axis, rounding, tile2d
 
 
-def measured(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
-    """Candidates calibration measures for a GEMM (16x16 tiles only where there is a weight)."""
-    return tuple(c for c in MEASURED[role] if has_weight or not c.tile2d)
+def measured(role: MatmulRole, has_weight: bool, measure: str = "eligible") -> tuple[Candidate, ...]:
+    """Candidates calibration measures for a GEMM (16x16 tiles only where there is a weight): the eligible
+    ones, and with ``measure="all"`` the biased ones too."""
+    extra = BIASED[role] if measure == "all" else ()
+    return tuple(c for c in extra + ELIGIBLE[role] if has_weight or not c.tile2d)
 
 
 def eligible(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:

@@ -25,6 +25,7 @@ from autoprec.plan import Plan
     ({"overrides": [("a", "bf16")]}, TypeError, "option overrides must be a dict, got list"),
     ({"inner": "eager"}, ValueError, "option inner='eager' is not valid; choose from aot_eager, inductor"),
     ({"mx_scale": "ceil"}, ValueError, "option mx_scale='ceil' is not valid"),
+    ({"measure": "some"}, ValueError, "option measure='some' is not valid; choose from eligible, all"),
 ])
 def test_bad_option_names_itself(options, error, text):
     with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):

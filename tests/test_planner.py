@@ -49,6 +49,28 @@ def test_calibration_scores_and_budget():
     assert "nvfp4" in plan.flop_share() and plan.projected_speedup() > 1.0
 
 
+def test_calibration_measures_what_the_solver_may_pick():
+    """By default calibration scores only the eligible configurations; measure="all" adds the biased
+    backward ones (round-to-nearest on gradients, SR without the RHT on wgrad), and the plan is the same."""
+    from autoprec.model_plan import plans_of
+    from autoprec.passes import candidates as C
+    from autoprec.roles import MatmulRole
+
+    biased = {(role, cand) for role, cands in C.BIASED.items() for cand in cands}
+    plans = []
+    for measure in ("eligible", "all"):
+        torch._dynamo.reset()
+        m = model()
+        c, _ = train_steps(m, 1, measure=measure)
+        stats = plans_of(m)[-1].calibration.stats
+        measured = {(MatmulRole(key[1]), cand) for key, by_cand in stats.items() for cand in by_cand}
+        assert measured & biased == (biased if measure == "all" else set())
+        assert all(cand in C.ELIGIBLE[role] for role, cand in measured - biased)
+        plans.append([(d.module, str(d.role), d.fmt, d.rounding, d.rht, d.tile2d, d.err)
+                      for d in autoprec.plan(c).decisions])
+    assert plans[0] == plans[1]
+
+
 def test_bigger_budget_buys_more_fp4():
     shares, speedups = [], []
     for budget in (0.002, 0.01, 0.05):
