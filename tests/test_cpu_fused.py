@@ -100,6 +100,7 @@ COLUMN_INPUTS = {  # blocks that run across memory rows: (tensor, block axis)
     "batched": (lambda: torch.randn(2, 64, 48) * 50, 1),
     "batched-transposed-view": (lambda: torch.randn(2, 64, 40).transpose(1, 2), 2),
     "bf16-tokens": (lambda: (torch.randn(64, 48) * 7).bfloat16(), 0),  # converted once, strides kept
+    "wide-ragged": (lambda: torch.randn(32, 301) * 3, 0),  # a second tile of 45 columns: 8x8 blocks and 5 single ones
 }
 
 

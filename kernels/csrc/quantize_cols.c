@@ -31,6 +31,29 @@ static void col_amax(const float *s, int64_t R, int64_t nc, int block, float *am
     }
 }
 
+/* Copy the n_out x n_in bytes tile[k][c] (row stride COLS) to out[c * stride + k]: 8x8 blocks transposed in
+ * 64-bit registers (three rounds of swapping halves), the ragged columns byte by byte. n_out: a multiple of 8. */
+static void store_transposed(const uint8_t *tile, int64_t n_out, int64_t n_in, uint8_t *out, int64_t stride) {
+    int64_t c = 0;
+    for (; c + 8 <= n_in; c += 8)
+        for (int64_t k = 0; k < n_out; k += 8) {
+            uint64_t x[8], t;
+            for (int i = 0; i < 8; i++) memcpy(&x[i], tile + (k + i) * COLS + c, 8);
+            for (int i = 0; i < 4; i++) {
+                t = ((x[i] >> 32) ^ x[i + 4]) & 0x00000000FFFFFFFFull; x[i] ^= t << 32; x[i + 4] ^= t;
+            }
+            for (int i = 0; i < 8; i += (i % 2 ? 3 : 1)) {   /* rows 0 1 4 5 with 2 3 6 7 */
+                t = ((x[i] >> 16) ^ x[i + 2]) & 0x0000FFFF0000FFFFull; x[i] ^= t << 16; x[i + 2] ^= t;
+            }
+            for (int i = 0; i < 8; i += 2) {
+                t = ((x[i] >> 8) ^ x[i + 1]) & 0x00FF00FF00FF00FFull; x[i] ^= t << 8; x[i + 1] ^= t;
+            }
+            for (int i = 0; i < 8; i++) memcpy(out + (c + i) * stride + k, &x[i], 8);
+        }
+    for (; c < n_in; c++)
+        for (int64_t k = 0; k < n_out; k++) out[c * stride + k] = tile[k * COLS + c];
+}
+
 static void col_bits(uint32_t k1, uint32_t k2, uint64_t base, int64_t rstride, int64_t nc, uint32_t *rnd) {
     for (int64_t c = 0; c < nc; c++) rnd[c] = sr_hash(k1, k2, base + (uint64_t)(c * rstride));
 }
@@ -61,10 +84,7 @@ void mx_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, int32_t
                         for (int64_t c = 0; c < nc; c++) tile[kk][c] = fp8_rne_code(row[c] * factor[c], mbits, bias, maxv);
                     }
                 }
-                for (int64_t c = 0; c < nc; c++) {
-                    uint8_t *o = out + (b * R + c0 + c) * K + k0;
-                    for (int kk = 0; kk < 32; kk++) o[kk] = tile[kk][c];
-                }
+                store_transposed(&tile[0][0], 32, nc, out + (b * R + c0) * K + k0, K);
             }
 }
 
@@ -99,10 +119,9 @@ void nvfp4_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, floa
                         for (int64_t c = 0; c < nc; c++) tile[kk][c] = e2m1_rne_code(v[c]);
                     }
                 }
-                for (int64_t c = 0; c < nc; c++) {
-                    uint8_t *o = codes + (b * R + c0 + c) * (K / 2) + k0 / 2;
-                    for (int kk = 0; kk < 8; kk++) o[kk] = (uint8_t)(tile[2 * kk][c] | (tile[2 * kk + 1][c] << 4));
-                }
+                for (int kk = 0; kk < 8; kk++)   /* two codes per byte, even index low */
+                    for (int64_t c = 0; c < nc; c++) tile[kk][c] = (uint8_t)(tile[2 * kk][c] | (tile[2 * kk + 1][c] << 4));
+                store_transposed(&tile[0][0], 8, nc, codes + (b * R + c0) * (K / 2) + k0 / 2, K / 2);
             }
 }
 
