@@ -1,10 +1,10 @@
 """The one place that picks an implementation: Triton on CUDA, the fused C kernels on CPU
 (``cpu_fused``; the reference where they cannot be built, with the reason in ``unavailable_reason()``).
 
-The block-scaled matmul on Triton runs on tensor cores (tiles decoded to bf16 in registers, a bf16
-``tl.dot``: ``wgmma`` on sm_90, ``tcgen05`` on sm_100) whenever the decode is exact, else the fp32
-kernel (MXFP8 scale exponents at the edge of bf16's range). Blackwell's native block-scaled MMA
-(``scaled_mm`` with swizzled scales, ``tl.dot_scaled``) is not used yet.
+The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native block-scaled GEMM
+(``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands;
+else Triton on tensor cores (tiles decoded to bf16 in registers, a bf16 ``tl.dot``: ``wgmma`` on sm_90)
+whenever the decode is exact, else the fp32 Triton kernel (MXFP8 scale exponents at the edge of bf16's range).
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.
@@ -27,6 +27,7 @@ from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.random_bits import sr_bits
+from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -179,14 +180,35 @@ def scaled_mm(
         raise ValueError(f"scaled_mm: reduction dims differ, a has K={oa.k} and b has K={ob.k}")
     if bias is not None and bias.shape != (ob.rows,):
         raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
-    if _use_triton(oa.codes.device, scaled_mm_supports(oa, ob, out_dtype)):
-        from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem, scaled_mm_tc_triton
+    device = oa.codes.device
+    if _use_triton(device, scaled_mm_supports(oa, ob, out_dtype)):
+        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        path, _ = gemm_path(capability, oa, ob)
+        if path == "native":
+            return scaled_mm_native(oa, ob, bias, out_dtype)
+        if path == "tensor_core":
+            from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
+
+            return scaled_mm_tc_triton(oa, ob, bias, out_dtype)
         from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
-        if exact_decode_problem(oa) or exact_decode_problem(ob):
-            return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
-        return scaled_mm_tc_triton(oa, ob, bias, out_dtype)
+        return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
     return _reference_scaled_mm(a, b, bias, out_dtype)
+
+
+def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tuple[str, str | None]:
+    """Which GPU matmul runs these operands on a device of this compute capability, and why not a faster
+    one (None when none is faster): ``native`` (cuBLAS's block-scaled GEMM, sm_100 and later, in ``auto``
+    mode), ``tensor_core`` (Triton, tiles decoded to bf16) or ``fp32`` (Triton, tiles decoded to fp32)."""
+    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem  # Triton: imported where it runs
+
+    why = None
+    if capability is not None and capability >= NATIVE_CAPABILITY:
+        why = "AUTOPREC_KERNELS=triton" if kernel_mode() == "triton" else native_problem(a, b)
+        if why is None:
+            return "native", None
+    inexact = exact_decode_problem(a) or exact_decode_problem(b)
+    return ("fp32", inexact) if inexact else ("tensor_core", why)
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:
