@@ -4,8 +4,10 @@
 
 Quantize GB/s counts bytes read (input, plus the random bits for SR) and written (codes and scales).
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
-the same shape. The step is one forward+backward of a ~350M-parameter GPT (24 layers, d=1024, ctx 1024,
-batch 8) in bf16 under plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor).
+the same shape; each row names the path dispatch took (native, tensor_core, fp8_dot, fp32), and MXFP8 also
+runs the FP8-dot kernel, to decide which MXFP8 should use on sm_90. The step is one forward+backward of a
+~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
+nvfp4, mxfp8 and auto plans (inner inductor).
 The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize
 >= 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
 Without a CUDA GPU it exits with a message.
@@ -67,6 +69,9 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
     import triton.testing
 
     from autoprec.kernels import quantize, scaled_mm
+    from autoprec.kernels.dispatch import gemm_path
+    from autoprec.kernels.operand import as_operand
+    from autoprec.kernels.scaled_mm_fp8_triton import scaled_mm_fp8_triton
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -75,12 +80,24 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
     print(f"\n{f'matmul {m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
     print(f"{'torch bf16':<28}{ms_bf16:>9.3f}{flops / ms_bf16 / 1e9:>9.0f}{1.0:>8.2f}"
           f"{100 * flops / ms_bf16 / 1e9 / peak:>7.0f}%")
+    capability = torch.cuda.get_device_capability()
     for fmt in ("nvfp4", "mxfp8", "bf16"):
         a = x if fmt == "bf16" else quantize(x, fmt, 1)
         b = w if fmt == "bf16" else quantize(w, fmt, 0)
-        ms = triton.testing.do_bench(lambda: scaled_mm(a, b, out_dtype=torch.bfloat16))
-        tf = flops / ms / 1e9
-        print(f"{'autoprec ' + fmt:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%")
+        path, _ = gemm_path(capability, as_operand(a, 1, "a"), as_operand(b, 0, "b"))
+        row(f"autoprec {fmt} ({path})", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+        if fmt == "mxfp8":  # the FP8-dot kernel next to it, to decide which one MXFP8 should use on sm_90
+            oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
+            row("autoprec mxfp8 (fp8_dot)", lambda: scaled_mm_fp8_triton(oa, ob, None, torch.bfloat16), flops,
+                ms_bf16, peak)
+
+
+def row(name: str, fn, flops: int, ms_bf16: float, peak: float) -> None:
+    import triton.testing
+
+    ms = triton.testing.do_bench(fn)
+    tf = flops / ms / 1e9
+    print(f"{name:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%")
 
 
 def training_step(layers: int) -> None:

@@ -4,7 +4,8 @@
 The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native block-scaled GEMM
 (``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands;
 else Triton on tensor cores (tiles decoded to bf16 in registers, a bf16 ``tl.dot``: ``wgmma`` on sm_90)
-whenever the decode is exact, else the fp32 Triton kernel (MXFP8 scale exponents at the edge of bf16's range).
+whenever the decode is exact; MXFP8 pairs whose scale exponents leave bf16's range run their FP8 codes on FP8
+tensor cores with the scales on the partial sums, and what neither takes the fp32 Triton kernel.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.
@@ -190,6 +191,10 @@ def scaled_mm(
             from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
             return scaled_mm_tc_triton(oa, ob, bias, out_dtype)
+        if path == "fp8_dot":
+            from autoprec.kernels.scaled_mm_fp8_triton import scaled_mm_fp8_triton
+
+            return scaled_mm_fp8_triton(oa, ob, bias, out_dtype)
         from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
         return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
@@ -197,10 +202,12 @@ def scaled_mm(
 
 
 def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tuple[str, str | None]:
-    """Which GPU matmul runs these operands on a device of this compute capability, and why not a faster
-    one (None when none is faster): ``native`` (cuBLAS's block-scaled GEMM, sm_100 and later, in ``auto``
-    mode), ``tensor_core`` (Triton, tiles decoded to bf16) or ``fp32`` (Triton, tiles decoded to fp32)."""
-    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem  # Triton: imported where it runs
+    """Which GPU matmul runs these operands on a device of this compute capability, and why the path before
+    it in this order was not taken (None for the first): ``native`` (cuBLAS's block-scaled GEMM, sm_100 and
+    later, in ``auto`` mode), ``tensor_core`` (Triton, tiles decoded to bf16), ``fp8_dot`` (Triton, MXFP8 codes
+    on FP8 tensor cores: for MXFP8 scales outside bf16's exact range) or ``fp32`` (Triton, tiles in fp32)."""
+    from autoprec.kernels.scaled_mm_fp8_triton import fp8_dot_problem  # Triton: imported where it runs
+    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 
     why = None
     if capability is not None and capability >= NATIVE_CAPABILITY:
@@ -208,7 +215,9 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
         if why is None:
             return "native", None
     inexact = exact_decode_problem(a) or exact_decode_problem(b)
-    return ("fp32", inexact) if inexact else ("tensor_core", why)
+    if not inexact:
+        return "tensor_core", why
+    return ("fp32", f"{inexact}; {fp8_dot_problem(a, b)}") if fp8_dot_problem(a, b) else ("fp8_dot", inexact)
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:

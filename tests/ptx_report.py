@@ -1,6 +1,6 @@
 """Compile every GPU kernel for sm_90 and sm_100 without a GPU and report, as JSON on stdout, whether its
 PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the tensor-core GEMM
-(NVFP4 and MXFP8 operands), the fp32 GEMM it falls back to, and the quantizers (SR and RHT on). Run in a
+(NVFP4 and MXFP8 operands), the MXFP8 FP8-dot GEMM, the fp32 GEMM, and the quantizers (SR and RHT on). Run in a
 process without TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py``."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_triton as qt
+from autoprec.kernels import scaled_mm_fp8_triton as f8
 from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
 
@@ -57,6 +58,12 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
                                         "DOT": fp32.DOT_FP32}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
+    fp8_ptrs = {k: v for k, v in POINTERS.items() if not k.endswith("_ts")}
+    for name, b_e5m2 in (("fp8_gemm_e4m3", False), ("fp8_gemm_e4m3_e5m2", True)):
+        const = {"A_E5M2": False, "B_E5M2": b_e5m2, "HAS_BIAS": True, "OUT_BF16": True, "BM": f8.BLOCK_M,
+                 "BN": f8.BLOCK_N, "IN_FP32": False}
+        options = {"num_warps": f8.NUM_WARPS, "num_stages": f8.NUM_STAGES}
+        out.append((name, f8.fp8_gemm_kernel, fp8_ptrs, const, options))
     nvfp4 = QUANT_POINTERS | {"senc6_ptr": "*fp32", "sdec_ptr": "*fp32"} | SIZES
     out.append(("quantize_nvfp4", qt._nvfp4_kernel, nvfp4, QUANT_BLOCKS | {"SR": True, "TILE2D": False}, {}))
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
@@ -72,7 +79,9 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
     src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const)
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
+    fp8_mma = re.search(r"wgmma\.mma_async\S*\.e4m3\.e[45]m[23]|tcgen05\.mma\S*kind::f8f6f4", ptx) is not None
     return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
+            "fp8_mma": fp8_mma,
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 

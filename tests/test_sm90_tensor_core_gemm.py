@@ -41,6 +41,12 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
     assert len(gemms(ptx_report, 100)) == 2 and all(r["tcgen05"] for r in gemms(ptx_report, 100))
 
 
+def test_ptx_sm90_and_sm100_fp8_dot_uses_fp8_mma(ptx_report):
+    fp8 = [r for r in ptx_report if r["kernel"].startswith("fp8_gemm")]
+    assert len(fp8) == 4 and all(r["fp8_mma"] for r in fp8)
+    assert all(r["wgmma"] for r in fp8 if r["cap"] == 90) and all(r["tcgen05"] for r in fp8 if r["cap"] == 100)
+
+
 def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
     assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "quantize_nvfp4", "quantize_mxfp8", "quantize_amax"}
     for r in ptx_report:
