@@ -217,7 +217,8 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
     inexact = exact_decode_problem(a) or exact_decode_problem(b)
     if not inexact:
         return "tensor_core", why
-    return ("fp32", f"{inexact}; {fp8_dot_problem(a, b)}") if fp8_dot_problem(a, b) else ("fp8_dot", inexact)
+    no_fp8 = fp8_dot_problem(a, b)
+    return ("fp32", f"{inexact}; {no_fp8}") if no_fp8 else ("fp8_dot", inexact)
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:

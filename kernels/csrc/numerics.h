@@ -126,7 +126,8 @@ INLINE uint8_t fp8_rne_code(float t, int32_t mbits, int32_t bias, float maxv) {
     float a = float_of(b & 0x7FFFFFFFu);
     a = a > maxv ? maxv : a;                      /* torch.clamp(max=): NaN stays NaN */
     uint32_t ab = bits_of(a);
-    uint32_t normal = ((ab + (1u << (shift - 1)) - 1 + ((ab >> shift) & 1)) >> shift) - ((uint32_t)(127 - bias) << mbits);
+    uint32_t rounded = (ab + (1u << (shift - 1)) - 1 + ((ab >> shift) & 1)) >> shift;
+    uint32_t normal = rounded - ((uint32_t)(127 - bias) << mbits);
     float magic = pow2(1 - bias - mbits + 23);
     uint32_t sub = bits_of(a + magic) - bits_of(magic);
     uint32_t out = ((b >> 24) & 0x80) | (a < pow2(1 - bias) ? sub : normal);

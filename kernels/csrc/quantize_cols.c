@@ -81,7 +81,8 @@ void mx_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, int32_t
                             tile[kk][c] = fp8_encode(round_to_element(row[c] * factor[c], mbits, 1 - bias, maxv, 1,
                                                                       rnd[c]), mbits, bias);
                     } else {
-                        for (int64_t c = 0; c < nc; c++) tile[kk][c] = fp8_rne_code(row[c] * factor[c], mbits, bias, maxv);
+                        for (int64_t c = 0; c < nc; c++)
+                            tile[kk][c] = fp8_rne_code(row[c] * factor[c], mbits, bias, maxv);
                     }
                 }
                 store_transposed(&tile[0][0], 32, nc, out + (b * R + c0) * K + k0, K);
@@ -120,7 +121,8 @@ void nvfp4_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, floa
                     }
                 }
                 for (int kk = 0; kk < 8; kk++)   /* two codes per byte, even index low */
-                    for (int64_t c = 0; c < nc; c++) tile[kk][c] = (uint8_t)(tile[2 * kk][c] | (tile[2 * kk + 1][c] << 4));
+                    for (int64_t c = 0; c < nc; c++)
+                        tile[kk][c] = (uint8_t)(tile[2 * kk][c] | (tile[2 * kk + 1][c] << 4));
                 store_transposed(&tile[0][0], 8, nc, codes + (b * R + c0) * (K / 2) + k0 / 2, K / 2);
             }
 }

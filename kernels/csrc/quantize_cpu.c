@@ -2,9 +2,10 @@
  *
  * Every function repeats the pure-torch reference (kernels/*_ref.py) operation for operation in fp32,
  * so the results are bit-identical. Inputs are fp32 (rows, K) views with the block axis last, contiguous
- * or (the quantizers' src_row) rows at given offsets. Stochastic rounding's bits are the hash of kernels/random_bits.py, computed in place. Built
- * with -ffp-contract=off: no fused multiply-add may change a rounding. Loops are written so that
- * gcc -O3 vectorizes them (flat loops over row chunks with per-element factors set up first).
+ * or (the quantizers' src_row) rows at given offsets. Stochastic rounding's bits are the hash of
+ * kernels/random_bits.py, computed in place. Built with -ffp-contract=off: no fused multiply-add may
+ * change a rounding. Loops are written so that gcc -O3 vectorizes them (flat loops over row chunks with
+ * per-element factors set up first).
  */
 #include "numerics.h"
 
@@ -109,7 +110,8 @@ void nvfp4_quantize(const float *x, const int64_t *src_row, int64_t R, int64_t K
                     float *scratch, uint8_t *bad, uint8_t *scales, float *s_dec, uint8_t *codes) {
     int64_t nb = R * K / 16;
     float *amax = scratch, *s_b = scratch + nb, *e_b = scratch + 2 * nb, ts[2];
-    for (int64_t r = 0; r < R; r++) amax_blocks(row_of(x, src_row, r, K), K / 16, 16, amax + r * (K / 16), bad + r * (K / 16));
+    for (int64_t r = 0; r < R; r++)
+        amax_blocks(row_of(x, src_row, r, K), K / 16, 16, amax + r * (K / 16), bad + r * (K / 16));
     nvfp4_tensor_scale(whole ? whole : amax, whole ? n_whole : nb, ts);
     nvfp4_scales(amax, bad, nb, ts[0], ts[1], s_b, e_b);
     for (int64_t i = 0; i < nb; i++) scales[i] = fp8_encode(s_b[i], 3, 7);
@@ -147,9 +149,9 @@ void mx_quantize(const float *x, const int64_t *src_row, int64_t R, int64_t K, i
     }
 }
 
-/* NVFP4 values: e2m1(code) * s_b * s_dec, in that order (s_b: the E4M3 scale byte's value in lut). The E2M1 value comes from the code's bits
- * (exponent field e, mantissa bit m: m / 2 for e = 0, else 2**(e-1) * (1 + m/2)) with masks, not
- * branches or table lookups, so the loop vectorizes. */
+/* NVFP4 values: e2m1(code) * s_b * s_dec, in that order (s_b: the E4M3 scale byte's value in lut). The
+ * E2M1 value comes from the code's bits (exponent field e, mantissa bit m: m / 2 for e = 0, else
+ * 2**(e-1) * (1 + m/2)) with masks, not branches or table lookups, so the loop vectorizes. */
 INLINE float e2m1_value(uint32_t code) {
     uint32_t e = (code >> 1) & 3, m = code & 1;
     uint32_t normal = ((e + 126) << 23) | (m << 22), half = m ? 0x3F000000u : 0;   /* 0.5 or 0 */
