@@ -7,10 +7,12 @@ import torch
 
 import autoprec
 from autoprec.cost import HARDWARE, gemm_seconds
-from autoprec.model_plan import STATES
+from autoprec.model_plan import STATES, plans_of
+from autoprec.passes import candidates as C
 from autoprec.passes.assign import damage
 from autoprec.passes.calibrate import Stat
 from autoprec.plan import COLUMNS, Plan
+from autoprec.roles import MatmulRole
 
 from gpt_model import TinyGPT, tokens
 from helpers import bits_equal
@@ -52,10 +54,6 @@ def test_calibration_scores_and_budget():
 def test_calibration_measures_what_the_solver_may_pick():
     """By default calibration scores only the eligible configurations; measure="all" adds the biased
     backward ones (round-to-nearest on gradients, SR without the RHT on wgrad), and the plan is the same."""
-    from autoprec.model_plan import plans_of
-    from autoprec.passes import candidates as C
-    from autoprec.roles import MatmulRole
-
     biased = {(role, cand) for role, cands in C.BIASED.items() for cand in cands}
     plans = []
     for measure in ("eligible", "all"):
