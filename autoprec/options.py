@@ -18,6 +18,7 @@ SCALE_MODES = ("rceil", "floor")
 COSTS = ("roofline", "at_scale")
 MEASURES = ("eligible", "all")
 REFERENCE_KEYS = ("d_model", "ffn", "tokens", "seq")
+GRAD_WEIGHTS = {"noise": 0.25, "bias": 1.0}  # backward noise averages out over tokens and steps; bias does not
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class CompileOptions:
     measure: what calibration scores, ``eligible`` (the configurations the solver may pick) or ``all`` (also
         round-to-nearest on gradients and SR without the RHT on wgrad, which it never picks; slower, for
         studies of the damage model).
+    grad_weights: the damage of a backward GEMM's configuration is ``noise``·error + ``bias``·|bias|
+        (defaults 0.25 and 1.0; fprop's is its loss-aware error), e.g. ``{"noise": 0.05}`` for a solver
+        that spends less of its budget keeping gradients out of NVFP4.
     budget: quality budget, the mean damage allowed per GEMM (relative error scale, see plan docs).
     target_speedup: instead of a budget, the projected speedup to reach at least damage.
     hardware: cost-model table, ``gb300``, ``b200`` or ``h100``.
@@ -62,6 +66,7 @@ class CompileOptions:
     schedule: list = field(default_factory=list)
     cost: str = "roofline"
     reference_shapes: dict = field(default_factory=dict)
+    grad_weights: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
@@ -102,6 +107,12 @@ class CompileOptions:
                                  f"{', '.join(REFERENCE_KEYS)}")
             if not is_int(value) or value <= 0:
                 raise ValueError(f"autoprec option reference_shapes[{key!r}] must be a positive int, got {value!r}")
+        _need("grad_weights", self.grad_weights, isinstance(self.grad_weights, dict), "a dict")
+        for key, value in self.grad_weights.items():
+            if key not in GRAD_WEIGHTS:
+                raise ValueError(f"autoprec option grad_weights: unknown key {key!r}; valid: {', '.join(GRAD_WEIGHTS)}")
+            if not is_real(value) or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"autoprec option grad_weights[{key!r}] must be a finite number >= 0, got {value!r}")
         if (self.phase == "rl_trainer") != (self.match is not None):
             raise ValueError(
                 "autoprec option match (the rl_sampler plan) goes with phase='rl_trainer', and it needs one"
@@ -112,6 +123,11 @@ class CompileOptions:
                   "an autoprec.Plan or the path of a saved plan")
             if isinstance(value, (str, Path)) and not Path(value).is_file():
                 raise ValueError(f"autoprec option {name}: no plan file at {str(value)!r}")
+
+    def damage_weights(self) -> tuple[float, float]:
+        """(noise, bias) weights of a backward GEMM's damage: the defaults with ``grad_weights`` applied."""
+        w = {**GRAD_WEIGHTS, **self.grad_weights}
+        return float(w["noise"]), float(w["bias"])
 
 
 SCHEDULE_KEYS = ("from_step", "overrides")

@@ -50,11 +50,13 @@ FIXED = {
     "nvfp4_fprop_only": {"recipe": "bf16", "overrides": {"*": {"fprop": "nvfp4"}}},
 }
 TAIL = 0.15  # the schedule row: the forward in BF16 for the last 15% of steps
+LIGHT_GRAD = {"noise": 0.05, "bias": 0.25}  # auto rows "+light_grad": a damage model that charges gradients less
 
 
 def recipe_options(name: str, steps: int, nvidia_speedup: float | None) -> dict:
     """Options of a row: a fixed recipe, ``nvfp4_nvidia+bf16_tail`` (a schedule), ``auto@X`` (least damage at
-    an at-scale speedup X; ``auto@nv``: at nvfp4_nvidia's) or ``auto`` (the default budget)."""
+    an at-scale speedup X; ``auto@nv``: at nvfp4_nvidia's; a ``+light_grad`` suffix: with LIGHT_GRAD as the
+    backward damage weights) or ``auto`` (the default budget)."""
     if name in FIXED:
         return dict(FIXED[name])
     if name == "nvfp4_nvidia+bf16_tail":
@@ -63,12 +65,13 @@ def recipe_options(name: str, steps: int, nvidia_speedup: float | None) -> dict:
     if name == "auto":  # measure="all": the damage table also scores the biased configurations
         return {"recipe": "auto", "measure": "all"}
     if name.startswith("auto@"):
-        target = name[5:]
+        target, light = name[5:].removesuffix("+light_grad"), name.endswith("+light_grad")
         if target == "nv" and nvidia_speedup is None:
             raise ValueError("auto@nv needs the nvfp4_nvidia row first (it targets its at-scale speedup)")
-        return {"recipe": "auto", "measure": "all", "cost": "at_scale",
+        return {"recipe": "auto", "measure": "all", "cost": "at_scale", "grad_weights": LIGHT_GRAD if light else {},
                 "target_speedup": nvidia_speedup if target == "nv" else float(target)}
-    raise ValueError(f"unknown recipe row {name!r}; valid: {', '.join(FIXED)}, nvfp4_nvidia+bf16_tail, auto, auto@X")
+    raise ValueError(f"unknown recipe row {name!r}; valid: {', '.join(FIXED)}, nvfp4_nvidia+bf16_tail, auto, "
+                     "auto@X, auto@X+light_grad")
 
 
 def build(family: str, args) -> torch.nn.Module:
@@ -210,7 +213,12 @@ def plots(results: list[dict], families: list[str], recipes: list[str], out: Pat
     print(f"wrote {out / 'quality_pareto.png'} and {out / 'quality_loss.png'}")
 
 
-DEFAULT_ROWS = [*FIXED, "nvfp4_nvidia+bf16_tail", "auto@1.4", "auto@nv", "auto@1.75"]
+DEFAULT_ROWS = [*FIXED, "nvfp4_nvidia+bf16_tail", "auto@1.4", "auto@nv", "auto@nv+light_grad", "auto@1.75"]
+
+
+def write_json(results: list[dict], args) -> None:
+    (args.out / "quality.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                        "results": results}, indent=1))
 
 
 def main() -> None:
@@ -245,13 +253,12 @@ def main() -> None:
                     results.append(run(family, recipe, seed, args, data, progress, nvidia))
                     if recipe == "nvfp4_nvidia":
                         nvidia = results[-1]["at_scale"]
+                    write_json(results, args)  # after every run: a long run cut short keeps what it measured
     moe = f", MoE {args.moe} experts top-2" if args.moe else ""
     print(f"{args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}, {args.steps} steps, "
           f"seeds {list(range(args.seeds))}{moe}")
     for family in families:
         print(f"\n{family}\n{table(results, family, recipes)}")
-    (args.out / "quality.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                        "results": results}, indent=1))
     print(f"wrote {args.out / 'quality.json'}")
     plots(results, families, recipes, args.out)
 

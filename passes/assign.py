@@ -14,7 +14,7 @@ from dataclasses import replace
 from autoprec.at_scale import AtScale, ReferenceShapes
 from autoprec.cost import get_hardware
 from autoprec.formats import closest
-from autoprec.options import CompileOptions
+from autoprec.options import GRAD_WEIGHTS, CompileOptions
 from autoprec.overrides import GemmOwner, annotation_for, check_rules_match, parse_rules, rule_for
 from autoprec.passes import candidates as C
 from autoprec.passes.calibrate import Calibration, Stat
@@ -24,17 +24,19 @@ from autoprec.roles import MatmulRole
 from autoprec.solver import solve_mckp
 
 SDPA_REASON = "fused scaled_dot_product_attention: left to its kernel, in the input dtype"
-GRAD_NOISE_WEIGHT = 0.25  # backward noise averages out over tokens and steps; bias does not
 NVIDIA_BF16_TAIL = 0.15  # nvfp4_nvidia keeps the last ~15% of blocks (and the head) in BF16
 Choice = tuple[C.Candidate, str]
 
 
-def damage(stat: Stat, role: MatmulRole) -> float:
+def damage(stat: Stat, role: MatmulRole, weights: tuple[float, float] = (GRAD_WEIGHTS["noise"],
+                                                                         GRAD_WEIGHTS["bias"])) -> float:
     """One number per GEMM and configuration the budget adds up: the loss-aware relative error for
-    fprop (plain relative error where no gradient was seen), discounted noise plus bias for backward."""
+    fprop (plain relative error where no gradient was seen), weighted noise plus bias for backward
+    (``weights``: the ``grad_weights`` option's (noise, bias))."""
     if role is MatmulRole.FPROP:
         return stat.loss if stat.loss is not None else stat.err
-    return GRAD_NOISE_WEIGHT * stat.err + abs(stat.bias)
+    noise, bias = weights
+    return noise * stat.err + bias * abs(stat.bias)
 
 
 def default_candidate(fmt: str, role: MatmulRole) -> C.Candidate:
@@ -155,7 +157,7 @@ class Assigner:
         opts = []
         for c in C.eligible(g.role, g.has_weight):
             if c in stats and not g.blocking.get(c.fmt):
-                d = damage(stats[c], g.role)
+                d = damage(stats[c], g.role, self.opts.damage_weights())
                 if math.isfinite(d):
                     opts.append((c, self.seconds(g, c.fmt), d))
         return opts or [(C.BF16, self.seconds(g, "bf16"), 0.0)]

@@ -26,6 +26,10 @@ from autoprec.plan import Plan
     ({"inner": "eager"}, ValueError, "option inner='eager' is not valid; choose from aot_eager, inductor"),
     ({"mx_scale": "ceil"}, ValueError, "option mx_scale='ceil' is not valid"),
     ({"measure": "some"}, ValueError, "option measure='some' is not valid; choose from eligible, all"),
+    ({"grad_weights": [0.1]}, TypeError, "option grad_weights must be a dict, got list"),
+    ({"grad_weights": {"nois": 0.1}}, ValueError, "option grad_weights: unknown key 'nois'; valid: noise, bias"),
+    ({"grad_weights": {"bias": -1}}, ValueError, r"option grad_weights\['bias'\] must be a finite number >= 0"),
+    ({"grad_weights": {"noise": "0"}}, ValueError, r"option grad_weights\['noise'\] must be a finite number"),
 ])
 def test_bad_option_names_itself(options, error, text):
     with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
@@ -35,5 +39,7 @@ def test_bad_option_names_itself(options, error, text):
 def test_good_options_pass():
     opts = parse_options({"budget": 1, "target_speedup": 2, "plan": Plan(), "seed": 3})
     assert opts.budget == 1 and opts.target_speedup == 2 and opts.seed == 3
+    assert opts.damage_weights() == (0.25, 1.0)
+    assert parse_options({"grad_weights": {"noise": 0.05}}).damage_weights() == (0.05, 1.0)
     with pytest.raises(TypeError, match="autoprec options must be a dict, got str"):
         parse_options("auto")

@@ -11,6 +11,7 @@ from autoprec.model_plan import STATES, plans_of
 from autoprec.passes import candidates as C
 from autoprec.passes.assign import damage
 from autoprec.passes.calibrate import Stat
+from autoprec.options import parse_options
 from autoprec.plan import COLUMNS, Plan
 from autoprec.roles import MatmulRole
 
@@ -80,6 +81,22 @@ def test_bigger_budget_buys_more_fp4():
         shares.append(plan.flop_share().get("nvfp4", 0.0))
         speedups.append(plan.projected_speedup())
     assert shares == sorted(shares) and speedups == sorted(speedups) and shares[-1] > shares[0]
+
+
+def test_gradient_weights_steer_the_budget():
+    """grad_weights prices backward GEMMs: at zero weight every backward GEMM the policy allows in NVFP4
+    takes it (its damage is free), and the budget still bounds the mean damage as so weighted."""
+    backward_fp4 = []
+    for weights in ({}, {"noise": 0.0, "bias": 0.0}):
+        torch._dynamo.reset()
+        STATES.clear()
+        c, _ = train_steps(model(), budget=0.002, grad_weights=weights)
+        free = [d for d in autoprec.plan(c).decisions if d.reason.startswith("auto")]
+        w = parse_options({"grad_weights": weights}).damage_weights()
+        assert sum(damage(Stat(d.err, d.bias, d.loss), d.role, w) for d in free) / len(free) <= 0.002
+        backward = [d for d in free if str(d.role) != "fprop"]
+        backward_fp4.append(sum(d.fmt == "nvfp4" for d in backward) / len(backward))
+    assert backward_fp4[0] < backward_fp4[1] == 1.0
 
 
 def test_target_speedup_mode():
