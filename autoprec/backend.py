@@ -69,15 +69,21 @@ class _Variant:
         self.module_names = {str(id(m)): n for n, m in root.named_modules(remove_duplicate=False)} if root else {}
         self.label: str | None = None
         self.calibrating_fn: Callable | None = None
-        self.fns: dict[int, Callable] = {}  # the planned function of each schedule phase, compiled on first need
+        # the planned function of each (re-calibration, schedule phase), compiled on first need
+        self.fns: dict[tuple[int, int], Callable] = {}
         self.compiling_phase = 0
         self.cal_runs = 0  # finished calibrating runs: backward passes of a training graph, or inference calls
-        self.backwards = 0  # finished backward passes (the schedule counts training steps by them)
+        self.cal_epoch = 0  # ... in this calibration of the plan (option recalibrate_every)
+        # finished backward passes, from the model's step when this graph is first met (a resumed run's
+        # included): the schedule counts training steps by them
+        self.backwards = self.state.train_steps
 
     def _calibrating(self) -> bool:
         state = self.state
         if state.fixed:
             return False
+        if self.cal_epoch != state.epoch:
+            self.cal_epoch, self.cal_runs = state.epoch, 0
         if self.cal_runs >= self.opts.calibrate:
             state.fix()
             return False
@@ -92,11 +98,12 @@ class _Variant:
                 self.calibrating_fn = self._aot(self._partition_calibrate, self._interpreter,
                                                 self._inference_calibrate)
             return self.calibrating_fn
-        phase = self.state.phase
-        if phase not in self.fns:
-            self.compiling_phase = phase
-            self.fns[phase] = self._aot(self._partition, self._inner_compiler(), self._inference)
-        return self.fns[phase]
+        key = (self.state.epoch, self.state.phase)
+        if key not in self.fns:
+            self.fns = {k: f for k, f in self.fns.items() if k[0] == key[0]}  # an earlier plan's never run again
+            self.compiling_phase = key[1]
+            self.fns[key] = self._aot(self._partition, self._inner_compiler(), self._inference)
+        return self.fns[key]
 
     def __call__(self, *args):
         step = torch.tensor(self.state.next_step(), dtype=torch.int64)

@@ -134,10 +134,13 @@ class ModelPlan:
         self.n_graphs = 0
         self._variants: list[weakref.ref] = []
         auto = opts.recipe == "auto" and opts.plan is None
-        self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto else None
+        recalibrates = requested.recalibrate_every is not None  # also when a restored plan runs first
+        self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto or recalibrates else None
         self.fixed = not auto
-        names = [n for n, _ in root.named_modules()] if root is not None else None
-        self._assigner = Assigner(opts, self.calibration, names) if names is not None else None
+        self.epoch = 0  # re-calibrations begun so far (option recalibrate_every) ...
+        self.recalibrated: list[int] = []  # ... and the training steps after which they began
+        self._module_names = [n for n, _ in root.named_modules()] if root is not None else None
+        self._assigner = Assigner(opts, self.calibration, self._module_names) if root is not None else None
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -191,6 +194,7 @@ class ModelPlan:
         """Decide every GEMM seen so far, with the calibration of all graphs (and ranks)."""
         if self.calibration is not None:
             reduce_across_ranks(self.calibration)
+            self.calibration.keep_unmeasured()
         specs = list(self.specs.values())
         self._add(self.assigner(specs).choose([s for s in specs if s.key not in self.decisions]))
         self.fixed = True
@@ -204,8 +208,23 @@ class ModelPlan:
         return self.phase_at(self.train_steps)
 
     def backward_done(self, count: int) -> None:
-        """A training graph has finished its ``count``-th backward pass."""
+        """A training graph has finished its ``count``-th backward pass; after every ``recalibrate_every``-th
+        training step of a fixed plan, the plan opens again: the next step measures, then it is re-solved."""
         self.train_steps = max(self.train_steps, count)
+        every = self.requested.recalibrate_every
+        if every and self.fixed and self.train_steps % every == 0 and self.train_steps not in self.recalibrated:
+            self._recalibrate()
+
+    def _recalibrate(self) -> None:
+        self.epoch += 1
+        self.recalibrated.append(self.train_steps)
+        self.opts = self.requested  # a plan restored from a checkpoint ran until now
+        if self._module_names is not None:
+            self._assigner = Assigner(self.opts, self.calibration, self._module_names)
+        self.calibration.restart()
+        self.decisions.clear()
+        self._phased.clear()
+        self.fixed = False
 
     def phase_decision(self, key: GemmKey, phase: int) -> Decision:
         """The decision of ``key`` in schedule phase ``phase``: the plan's, with the phases' overrides."""
@@ -265,7 +284,7 @@ class ModelPlan:
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware, reference=reference,
                     pass_seconds=dict(self.pass_seconds), notes=notes,
                     unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()],
-                    schedule=self._schedule_lines(phase))
+                    schedule=self._schedule_lines(phase) + self._recalibration_lines())
 
     def _schedule_lines(self, shown: int) -> list[str]:
         """One line per schedule phase: when it starts, its rules, what it changes and its projection."""
@@ -284,6 +303,20 @@ class ModelPlan:
                          + (f" ({', '.join(marks)})" if marks else ""))
         return lines
 
+    def _recalibration_lines(self) -> list[str]:
+        every = self.requested.recalibrate_every
+        if not every:
+            return []
+        if not self.recalibrated:
+            now = "these rows are the first plan"
+        elif self.fixed:
+            now = f"these rows were measured in the step after step {self.recalibrated[-1]}"
+        else:
+            now = (f"measuring now, in the step after step {self.recalibrated[-1]}: the new plan is fixed at the "
+                   "next call")
+        return [f"re-calibrates every {every} training steps (each time the next step runs as traced, in high "
+                f"precision, while measuring); {now}"]
+
     def state_dict(self) -> dict:
         plan = self.to_plan(phase=0).to_json() if self.fixed else None
         return {"calls": self.calls, "train_steps": self.train_steps, "plan": plan}
@@ -291,6 +324,9 @@ class ModelPlan:
     def load_state_dict(self, state: dict) -> None:
         self.calls = int(state["calls"])
         self.train_steps = int(state.get("train_steps", 0))
+        for variant in (v() for v in self._variants):
+            if variant is not None:
+                variant.backwards = self.train_steps  # its graphs count on from the restored step
 
 
 STATES: list[ModelPlan] = []
@@ -306,7 +342,8 @@ def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
     requested = opts
     pending = _PENDING.pop(root, None) if root is not None else None
     if pending is not None and pending.get("plan") is not None and opts.recipe == "auto" and opts.plan is None:
-        opts = replace(opts, plan=Plan.from_json(pending["plan"], "autoprec.load_state_dict"))
+        # the restored plan runs until the next re-calibration, if any (that reads ``requested``)
+        opts = replace(opts, plan=Plan.from_json(pending["plan"], "autoprec.load_state_dict"), recalibrate_every=None)
     state = ModelPlan(root, requested, opts)
     if pending is not None:
         state.load_state_dict(pending)

@@ -32,6 +32,9 @@ class CompileOptions:
     measure: what calibration scores, ``eligible`` (the configurations the solver may pick) or ``all`` (also
         round-to-nearest on gradients and SR without the RHT on wgrad, which it never picks; slower, for
         studies of the damage model).
+    recalibrate_every: with ``auto``, measure again and re-solve the plan every N training steps: after
+        step k·N (backward passes completed), step k·N+1 runs as traced (high precision) while measuring,
+        and the steps after it run the new plan. ``schedule`` overrides apply on top of each new plan.
     grad_weights: the damage of a backward GEMM's configuration is ``noise``·error + ``bias``·|bias|
         (defaults 0.25 and 1.0; fprop's is its loss-aware error), e.g. ``{"noise": 0.05}`` for a solver
         that spends less of its budget keeping gradients out of NVFP4.
@@ -67,6 +70,7 @@ class CompileOptions:
     cost: str = "roofline"
     reference_shapes: dict = field(default_factory=dict)
     grad_weights: dict = field(default_factory=dict)
+    recalibrate_every: int | None = None
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
@@ -107,6 +111,13 @@ class CompileOptions:
                                  f"{', '.join(REFERENCE_KEYS)}")
             if not is_int(value) or value <= 0:
                 raise ValueError(f"autoprec option reference_shapes[{key!r}] must be a positive int, got {value!r}")
+        if self.recalibrate_every is not None:
+            _need("recalibrate_every", self.recalibrate_every, is_int(self.recalibrate_every), "an int or None")
+            if self.recalibrate_every < 1:
+                raise ValueError(f"autoprec option recalibrate_every must be >= 1, got {self.recalibrate_every}")
+            if self.recipe != "auto" or self.plan is not None:
+                raise ValueError("autoprec option recalibrate_every needs recipe='auto' without a plan: it re-solves "
+                                 "the plan from new measurements")
         _need("grad_weights", self.grad_weights, isinstance(self.grad_weights, dict), "a dict")
         for key, value in self.grad_weights.items():
             if key not in GRAD_WEIGHTS:

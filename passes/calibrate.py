@@ -101,6 +101,8 @@ class Calibration:
     # a forward GEMM's normalised exact product and candidates' errors, its output shape and measured part
     _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor], tuple, Sample]] = (
         field(default_factory=dict))
+    # what the last calibration measured (option recalibrate_every): kept for GEMMs the new one does not see
+    _last: tuple[dict, dict, dict] = field(default_factory=lambda: ({}, {}, {}))
 
     def emulate(self, a: torch.Tensor, b: torch.Tensor, bias, c: Candidate, tag: GemmTag,
                 sample: Sample = Sample(), cache: dict | None = None) -> torch.Tensor:
@@ -235,6 +237,26 @@ class Calibration:
         for key, (total, n) in other.group_tokens.items():
             mine, m = self.group_tokens.get(key, ([0] * len(total), 0))
             self.group_tokens[key] = ([x + y for x, y in zip(mine, total)], m + n)
+
+    def restart(self) -> None:
+        """A re-calibration begins: its measurements replace these, GEMM by GEMM, when ``keep_unmeasured``
+        is called; a GEMM it does not see (a graph that did not run) keeps its last scores."""
+        last_stats, last_problems, last_tokens = self._last
+        self._last = ({**last_stats, **self.stats}, {**last_problems, **self.problems},
+                      {**last_tokens, **self.group_tokens})
+        self.stats, self.problems, self.group_tokens = {}, {}, {}
+        self._fwd_error.clear()
+
+    def keep_unmeasured(self) -> None:
+        """Take the last calibration's scores (or problem) for every GEMM this one did not measure."""
+        last_stats, last_problems, last_tokens = self._last
+        for key in {*last_stats, *last_problems} - {*self.stats, *self.problems}:
+            if key in last_stats:
+                self.stats[key] = last_stats[key]
+            if key in last_problems:
+                self.problems[key] = last_problems[key]
+            if key in last_tokens:
+                self.group_tokens[key] = last_tokens[key]
 
     def end_run(self, graph: int) -> None:
         """A calibrating run of graph ``graph`` (its backward, or an inference call) has ended: forget

@@ -8,10 +8,10 @@ import torch
 import autoprec
 from autoprec.cost import HARDWARE, gemm_seconds
 from autoprec.model_plan import STATES, plans_of
+from autoprec.options import parse_options
 from autoprec.passes import candidates as C
 from autoprec.passes.assign import damage
 from autoprec.passes.calibrate import Stat
-from autoprec.options import parse_options
 from autoprec.plan import COLUMNS, Plan
 from autoprec.roles import MatmulRole
 
