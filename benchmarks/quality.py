@@ -51,12 +51,13 @@ FIXED = {
 }
 TAIL = 0.15  # the schedule row: the forward in BF16 for the last 15% of steps
 LIGHT_GRAD = {"noise": 0.05, "bias": 0.25}  # auto rows "+light_grad": a damage model that charges gradients less
+RECAL_TIMES = 4  # auto rows "+recal": the plan is measured and solved again every steps/4 steps
 
 
 def recipe_options(name: str, steps: int, nvidia_speedup: float | None) -> dict:
     """Options of a row: a fixed recipe, ``nvfp4_nvidia+bf16_tail`` (a schedule), ``auto@X`` (least damage at
-    an at-scale speedup X; ``auto@nv``: at nvfp4_nvidia's; a ``+light_grad`` suffix: with LIGHT_GRAD as the
-    backward damage weights) or ``auto`` (the default budget)."""
+    an at-scale speedup X; ``auto@nv``: at nvfp4_nvidia's; suffix ``+light_grad``: with LIGHT_GRAD as the
+    backward damage weights; ``+recal``: re-calibrated every steps/RECAL_TIMES steps) or ``auto``."""
     if name in FIXED:
         return dict(FIXED[name])
     if name == "nvfp4_nvidia+bf16_tail":
@@ -65,13 +66,20 @@ def recipe_options(name: str, steps: int, nvidia_speedup: float | None) -> dict:
     if name == "auto":  # measure="all": the damage table also scores the biased configurations
         return {"recipe": "auto", "measure": "all"}
     if name.startswith("auto@"):
-        target, light = name[5:].removesuffix("+light_grad"), name.endswith("+light_grad")
+        target, *extras = name[5:].split("+")
+        if not set(extras) <= {"light_grad", "recal"}:
+            raise ValueError(f"recipe row {name!r}: unknown suffix; valid: +light_grad, +recal")
         if target == "nv" and nvidia_speedup is None:
             raise ValueError("auto@nv needs the nvfp4_nvidia row first (it targets its at-scale speedup)")
-        return {"recipe": "auto", "measure": "all", "cost": "at_scale", "grad_weights": LIGHT_GRAD if light else {},
+        opts = {"recipe": "auto", "measure": "all", "cost": "at_scale",
                 "target_speedup": nvidia_speedup if target == "nv" else float(target)}
+        if "light_grad" in extras:
+            opts["grad_weights"] = LIGHT_GRAD
+        if "recal" in extras:
+            opts["recalibrate_every"] = max(1, steps // RECAL_TIMES)
+        return opts
     raise ValueError(f"unknown recipe row {name!r}; valid: {', '.join(FIXED)}, nvfp4_nvidia+bf16_tail, auto, "
-                     "auto@X, auto@X+light_grad")
+                     "auto@X[+light_grad][+recal]")
 
 
 def build(family: str, args) -> torch.nn.Module:
@@ -213,7 +221,8 @@ def plots(results: list[dict], families: list[str], recipes: list[str], out: Pat
     print(f"wrote {out / 'quality_pareto.png'} and {out / 'quality_loss.png'}")
 
 
-DEFAULT_ROWS = [*FIXED, "nvfp4_nvidia+bf16_tail", "auto@1.4", "auto@nv", "auto@nv+light_grad", "auto@1.75"]
+DEFAULT_ROWS = [*FIXED, "nvfp4_nvidia+bf16_tail", "auto@1.4", "auto@nv", "auto@nv+light_grad", "auto@nv+recal",
+                "auto@1.75"]
 
 
 def write_json(results: list[dict], args) -> None:

@@ -1,5 +1,6 @@
 """The examples and benchmarks users run, end to end on small settings."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,12 +37,13 @@ def test_train_example_prints_loss_and_plan():
 
 def test_quality_benchmark_writes_its_table_and_json(tmp_path):
     """The protocol's rows on both model families: paired gaps, both projections, auto's paired differences."""
-    out = run("benchmarks/quality.py", "--quick", "--seeds", "2", "--recipes", "bf16,nvfp4_nvidia,nvfp4,auto@nv",
-              "--out", str(tmp_path))
+    out = run("benchmarks/quality.py", "--quick", "--seeds", "2", "--recipes",
+              "bf16,nvfp4_nvidia,nvfp4,auto@nv,auto@nv+light_grad+recal", "--out", str(tmp_path))
     assert "gap vs bf16 (%)" in out and "at scale x" in out and "auto@nv - nvfp4: " in out
     data = json.loads((tmp_path / "quality.json").read_text())
     rows = {(r["model"], r["recipe"], r["seed"]): r for r in data["results"]}
-    assert len(rows) == 2 * 4 * 2 and rows[("gpt", "nvfp4", 0)]["nvfp4_share"] > 0.9
+    assert len(rows) == 2 * 5 * 2 and rows[("gpt", "nvfp4", 0)]["nvfp4_share"] > 0.9
+    assert math.isfinite(rows[("llama", "auto@nv+light_grad+recal", 1)]["val_loss"])
     assert rows[("llama", "bf16", 1)]["at_scale"] == 1.0 and len(rows[("gpt", "auto@nv", 0)]["losses"]) == 3
     assert rows[("gpt", "auto@nv", 0)]["damage_table"] and "pred. damage" in out
     nvfp4 = next(line for line in out.splitlines() if line.startswith("nvfp4 "))
