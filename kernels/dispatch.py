@@ -109,14 +109,15 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, t
 
         return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, tile2d=tile2d,
                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-    if rounding == "sr" and rand is None:
-        rand = sr_bits(x.shape, seed, x.device)
     rand = rand if rounding == "sr" else None
     if _use_triton(x.device, quantize_supports(x)):
         from autoprec.kernels.quantize_triton import quantize_triton
 
-        return quantize_triton(x, fmt, axis, rand=rand, tile2d=tile2d, scale_mode=scale_mode, rht=rht,
-                               rht_signs_=rht_signs)
+        stream = seed if rounding == "sr" and rand is None else None  # SR bits hashed in the kernel
+        return quantize_triton(x, fmt, axis, rand=rand, seed=stream, tile2d=tile2d, scale_mode=scale_mode,
+                               rht=rht, rht_signs_=rht_signs)
+    if rounding == "sr" and rand is None:
+        rand = sr_bits(x.shape, seed, x.device)
     if rht:
         x = rht_ref(x, axis, rht_signs)
     return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode)

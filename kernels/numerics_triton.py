@@ -115,3 +115,23 @@ def to_bf16_bits(x):
     bits = x.to(tl.int32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return tl.where(x != x, 0x7FC0, rounded & 0xFFFF).to(tl.int16)
+
+
+@triton.jit
+def _mix32(x):
+    """random_bits.mix32 (lowbias32) on uint32: the products wrap modulo 2**32 as the reference's do."""
+    x = x ^ (x >> 16)
+    x = x * 0x21F0AAAD
+    x = x ^ (x >> 15)
+    x = x * 0x735A2D97
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def sr_hash_bits(idx, k1, k2):
+    """random_bits.sr_bits computed in place: the 24 random bits of the elements at int64 row-major
+    indices ``idx`` of the stream with keys ``k1``, ``k2`` (uint32)."""
+    lo = (idx & 0xFFFFFFFF).to(tl.uint32)
+    hi = (idx >> 32).to(tl.uint32)
+    h = _mix32(_mix32(lo ^ k1) ^ k2 ^ hi)
+    return (h >> 8).to(tl.int32)

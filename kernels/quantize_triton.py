@@ -20,9 +20,11 @@ from autoprec.kernels.numerics_triton import (
     floor_log2,
     pow2,
     round_to_element,
+    sr_hash_bits,
 )
 from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
+from autoprec.kernels.random_bits import sr_bits, stream_keys
 
 BLOCK_R = 16
 BLOCK_K = 64
@@ -51,8 +53,14 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
 
 
 @triton.jit
-def _load_rand(rand_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr):
+def _load_rand(rand_ptr, keys_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr,
+               HASH: tl.constexpr):
+    """SR bits of a [BR, BK/16, 16] tile: with HASH computed from the stream's keys and each element's
+    row-major index in the tensor (``s_r``, ``s_k``: the index strides of the (R, K) view), else loaded."""
     cols = col0 + tl.arange(0, BK // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    if HASH:
+        idx = rows.to(tl.int64)[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
+        return sr_hash_bits(idx, tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32))
     mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
     return tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
 
@@ -71,9 +79,10 @@ def _amax_kernel(x_ptr, m_ptr, out_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl
 
 
 @triton.jit
-def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
                   R, K, s_r, s_k, r_r, r_k,
-                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, TILE2D: tl.constexpr):
+                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
+                  TILE2D: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = BK // 16
     rows = pid_r * BR + tl.arange(0, BR)
@@ -107,7 +116,7 @@ def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec
 
     rand = 0
     if SR:
-        rand = _load_rand(rand_ptr, rows, col0, R, K, r_r, r_k, BR, BK)
+        rand = _load_rand(rand_ptr, keys_ptr, rows, col0, R, K, r_r, r_k, BR, BK, HASH)
     v = clamp_keep_nan(y * e_b[:, :, None], -6.0, 6.0)
     codes = encode_e2m1(round_to_element(v, rand, 1, 0, 6.0, SR))
     lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
@@ -118,10 +127,10 @@ def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec
 
 
 @triton.jit
-def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                   EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                   MAX: tl.constexpr, FLOOR: tl.constexpr,
-                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
+                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     NB: tl.constexpr = BK // 32
     rows = pid_r * BR + tl.arange(0, BR)
@@ -147,7 +156,7 @@ def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k,
 
     rand = 0
     if SR:
-        rand = tl.reshape(_load_rand(rand_ptr, rows, col0, R, K, r_r, r_k, BR, BK), (BR, NB, 32))
+        rand = tl.reshape(_load_rand(rand_ptr, keys_ptr, rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
     v = round_to_element(y * pow2(-e)[:, :, None], rand, MBITS, 1 - BIAS, MAX, SR)
     codes = tl.reshape(encode_float8(v, EBITS, MBITS, BIAS), (BR, BK))
     cols = col0 + tl.arange(0, BK)
@@ -162,6 +171,17 @@ def _as_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
     return x.movedim(axis, -1).reshape(-1, x.shape[axis])
 
 
+def _index_strides(shape: torch.Size, axis: int) -> tuple[int, int] | None:
+    """Strides, in row-major element indices of ``shape``, of the (R, K) view ``_as_matrix`` takes; None
+    where that view is not a strided one (a 3D tensor blocked along a middle dim)."""
+    meta = torch.empty(shape, device="meta")
+    try:
+        return tuple(meta.movedim(axis, -1).view(-1, shape[axis]).stride()) if meta.ndim > 2 else \
+            _as_matrix(meta, axis).stride()
+    except RuntimeError:
+        return None
+
+
 def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torch.Tensor:
     if not rht:
         return torch.empty(1, device=x.device)
@@ -174,21 +194,33 @@ def quantize_triton(
     axis: int = -1,
     *,
     rand: torch.Tensor | None = None,
+    seed: int | None = None,
     tile2d: bool = False,
     scale_mode: str = "rceil",
     rht: bool = False,
     rht_signs_: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Triton quantize of ``x`` (already checked by ``supports``) along ``axis``; the RHT, if asked,
-    is applied along ``axis`` inside the kernel."""
+    is applied along ``axis`` inside the kernel. Stochastic rounding takes its bits from ``rand`` or,
+    given the stream ``seed`` instead, computes ``sr_bits(x.shape, seed)`` in the kernel (no pass over
+    memory; a 3D tensor blocked along its middle dim materialises them)."""
     axis = normalize_axis(axis, x.ndim)
     m = _as_matrix(x, axis)
-    r_m = _as_matrix(rand, axis) if rand is not None else m
     n_rows, k = m.shape
+    keys = torch.empty(1, device=x.device, dtype=torch.int64)
+    hashed = seed is not None and rand is None and (index := _index_strides(x.shape, axis)) is not None
+    if hashed:
+        keys = torch.tensor(stream_keys(seed), device=x.device, dtype=torch.int64)
+        r_m, r_strides = m, index
+    else:
+        if seed is not None and rand is None:
+            rand = sr_bits(x.shape, seed, x.device)
+        r_m = _as_matrix(rand, axis) if rand is not None else m
+        r_strides = r_m.stride()
     mt = _rht_operand(x, rht, rht_signs_)
     grid = (triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))
     stored = tuple(x.movedim(axis, -1).shape)
-    common = dict(BR=BLOCK_R, BK=BLOCK_K, RHT=rht, SR=rand is not None)
+    common = dict(BR=BLOCK_R, BK=BLOCK_K, RHT=rht, SR=rand is not None or hashed, HASH=hashed)
     if fmt is NVFP4:
         partial = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.float32)
         _amax_kernel[grid](m, mt, partial, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
@@ -198,15 +230,14 @@ def quantize_triton(
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
         scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
         scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
-        _nvfp4_kernel[grid](m, mt, r_m, codes, scales, scale_to_block(s_enc), s_dec,
-                            n_rows, k, m.stride(0), m.stride(1), r_m.stride(0), r_m.stride(1),
-                            TILE2D=tile2d, **common)
+        _nvfp4_kernel[grid](m, mt, r_m, keys, codes, scales, scale_to_block(s_enc), s_dec,
+                            n_rows, k, m.stride(0), m.stride(1), *r_strides, TILE2D=tile2d, **common)
         return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec.reshape(()),
                                axis, x.shape, 16 if tile2d else 1)
     elem = fmt.elem
     codes = torch.empty(stored, device=x.device, dtype=torch.uint8)
     scales = torch.empty(stored[:-1] + (k // 32,), device=x.device, dtype=torch.uint8)
-    _mxfp8_kernel[grid](m, mt, r_m, codes, scales, n_rows, k, m.stride(0), m.stride(1),
-                        r_m.stride(0), r_m.stride(1), EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias,
+    _mxfp8_kernel[grid](m, mt, r_m, keys, codes, scales, n_rows, k, m.stride(0), m.stride(1),
+                        *r_strides, EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias,
                         EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **common)
     return QuantizedTensor(fmt, codes.view(elem.torch_dtype), scales, None, axis, x.shape)

@@ -44,7 +44,8 @@ def resource_usage(cubin: bytes) -> dict:
     return {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {}
 
 
-QUANT_POINTERS = {"x_ptr": "*fp32", "m_ptr": "*fp32", "rand_ptr": "*i32", "codes_ptr": "*u8", "scales_ptr": "*u8"}
+QUANT_POINTERS = {"x_ptr": "*fp32", "m_ptr": "*fp32", "rand_ptr": "*i32", "keys_ptr": "*i64", "codes_ptr": "*u8",
+                  "scales_ptr": "*u8"}
 SIZES = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32"}
 E4M3 = get_format("mxfp8").elem
 QUANT_BLOCKS = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": True}
@@ -65,10 +66,13 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         options = {"num_warps": f8.NUM_WARPS, "num_stages": f8.NUM_STAGES}
         out.append((name, f8.fp8_gemm_kernel, fp8_ptrs, const, options))
     nvfp4 = QUANT_POINTERS | {"senc6_ptr": "*fp32", "sdec_ptr": "*fp32"} | SIZES
-    out.append(("quantize_nvfp4", qt._nvfp4_kernel, nvfp4, QUANT_BLOCKS | {"SR": True, "TILE2D": False}, {}))
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
           "FLOOR": False, "SR": True}
-    out.append(("quantize_mxfp8", qt._mxfp8_kernel, QUANT_POINTERS | SIZES, QUANT_BLOCKS | mx, {}))
+    for suffix, hashed in (("", False), ("_hashed", True)):  # SR bits loaded, or hashed in the kernel
+        out.append((f"quantize_nvfp4{suffix}", qt._nvfp4_kernel, nvfp4,
+                    QUANT_BLOCKS | {"SR": True, "HASH": hashed, "TILE2D": False}, {}))
+        out.append((f"quantize_mxfp8{suffix}", qt._mxfp8_kernel, QUANT_POINTERS | SIZES,
+                    QUANT_BLOCKS | mx | {"HASH": hashed}, {}))
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))
@@ -81,7 +85,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
     ptx = k.asm["ptx"]
     fp8_mma = re.search(r"wgmma\.mma_async\S*\.e4m3\.e[45]m[23]|tcgen05\.mma\S*kind::f8f6f4", ptx) is not None
     return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
-            "fp8_mma": fp8_mma,
+            "fp8_mma": fp8_mma, "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 

@@ -47,8 +47,14 @@ def test_ptx_sm90_and_sm100_fp8_dot_uses_fp8_mma(ptx_report):
     assert all(r["wgmma"] for r in fp8 if r["cap"] == 90) and all(r["tcgen05"] for r in fp8 if r["cap"] == 100)
 
 
+def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
+    quant = [r for r in ptx_report if r["kernel"].startswith(("quantize_nvfp4", "quantize_mxfp8"))]
+    assert len(quant) == 8 and all(r["sr_hash"] == r["kernel"].endswith("_hashed") for r in quant)
+
+
 def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
-    assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "quantize_nvfp4", "quantize_mxfp8", "quantize_amax"}
+    assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "quantize_nvfp4", "quantize_mxfp8", "quantize_amax",
+                                                 "quantize_nvfp4_hashed", "quantize_mxfp8_hashed"}
     for r in ptx_report:
         assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
         assert r["shared"] <= SHARED_LIMIT[r["cap"]], r

@@ -4,13 +4,15 @@ import torch
 
 from helpers import bits_equal, edge_tensor
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
-from autoprec.kernels.quantize_triton import quantize_triton
-from autoprec.kernels.random_bits import sr_bits
+from autoprec.kernels.numerics_triton import sr_hash_bits
+from autoprec.kernels.quantize_triton import _index_strides, quantize_triton
+from autoprec.kernels.random_bits import M32, mix32, sr_bits, sr_stream, stream_keys
 
+tl = triton.language
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -22,12 +24,14 @@ def assert_same(q, r):
     assert (q.axis, q.shape, q.tile_rows) == (r.axis, r.shape, r.tile_rows)
 
 
-def check(x, fmt, axis, sr, rht, **opts):
-    rand = sr_bits(x.shape, 11) if sr else None
+def check(x, fmt, axis, sr, rht, hashed=False, **opts):
+    """Triton against the reference; ``hashed``: the kernel computes the SR bits from the stream."""
+    stream = sr_stream(7, 2**32 - 3)
+    rand = sr_bits(x.shape, stream) if sr else None
     src = rht_ref(x, axis) if rht else x
     ref = quantize_ref(src, fmt, axis, rounding="sr" if sr else "rne", rand=rand, **opts)
-    got = quantize_triton(x.to(DEVICE), get_format(fmt), axis, rht=rht,
-                          rand=None if rand is None else rand.to(DEVICE), **opts)
+    bits = dict(seed=stream) if sr and hashed else dict(rand=None if rand is None else rand.to(DEVICE))
+    got = quantize_triton(x.to(DEVICE), get_format(fmt), axis, rht=rht, **bits, **opts)
     assert_same(got, ref)
 
 
@@ -66,6 +70,42 @@ def test_3d_input_and_partial_tiles():
     x = torch.randn(3, 5, 48)  # 15 rows, K=48: neither is a multiple of the kernel tile
     check(x, "nvfp4", 2, True, True)
     check(torch.randn(2, 64, 7), "mxfp8", 1, False, False)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("shape,axis", [((64, 96), 1), ((64, 96), 0), ((3, 16, 64), 2), ((2, 64, 48), 1)],
+                         ids=["rows", "cols", "3d-last", "3d-middle"])
+def test_sr_bits_hashed_in_the_kernel(fmt, shape, axis):
+    """Given the stream instead of the bits, the kernel hashes each element's index itself (the 3D
+    middle-axis case materialises them): the same codes as the reference with sr_bits."""
+    assert (_index_strides(torch.Size(shape), axis) is None) == (shape == (2, 64, 48))  # hashed, or not
+    x = torch.stack([edge_tensor(*shape[-2:], seed=i) for i in range(shape[0])]) if len(shape) == 3 else None
+    check(edge_tensor(*shape) if x is None else x, fmt, axis, True, False, hashed=True)
+    if len(shape) == 2:
+        check(edge_tensor(*shape), fmt, axis, True, True, hashed=True)
+        check(edge_tensor(*shape).t(), fmt, 1 - axis, True, False, hashed=True)  # a strided input
+
+
+@triton.jit
+def _bits_kernel(idx_ptr, keys_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    idx = tl.load(idx_ptr + i)
+    out = sr_hash_bits(idx, tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32))
+    tl.store(out_ptr + i, out)
+
+
+def test_hashed_bits_of_indices_past_2_to_the_32():
+    """The kernel's hash takes both 32-bit halves of an index, as sr_bits does for tensors of > 2**32
+    elements: checked on single indices there, against the torch formula."""
+    stream = sr_stream(2**31 - 1, 12345)
+    idx = torch.tensor([0, 1, 2**31, 2**32 - 1, 2**32, 2**32 + 17, 2**40 + 3, 2**47 - 1], dtype=torch.int64)
+    k1, k2 = stream_keys(stream)
+    want = (mix32(mix32((idx & M32) ^ k1) ^ k2 ^ (idx >> 32)) >> 8).to(torch.int32)
+    out = torch.empty(8, dtype=torch.int32, device=DEVICE)
+    _bits_kernel[(1,)](idx.to(DEVICE), torch.tensor([k1, k2], dtype=torch.int64, device=DEVICE), out, N=8)
+    assert torch.equal(out.cpu(), want)
+    assert torch.equal(sr_bits((3, 5), stream).flatten(), want.new_tensor(
+        [(mix32(mix32(i ^ k1) ^ k2) >> 8) for i in range(15)]))
 
 
 def test_all_zero_and_all_nan_tensors():
