@@ -58,24 +58,29 @@ def _load_rand(rand_ptr, keys_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr,
     """SR bits of a [BR, BK/16, 16] tile: with HASH computed from the stream's keys and each element's
     row-major index in the tensor (``s_r``, ``s_k``: the index strides of the (R, K) view), else loaded."""
     cols = col0 + tl.arange(0, BK // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
-    if HASH:
+    if HASH:  # one return: the other branch (not compiled) may see a rand_ptr of another type
         idx = rows.to(tl.int64)[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
-        return sr_hash_bits(idx, tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32))
-    mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
-    return tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
+        bits = sr_hash_bits(idx, tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32))
+    else:
+        mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
+        bits = tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
+    return bits
 
 
 @triton.jit
 def _amax_kernel(x_ptr, m_ptr, out_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """Per-program partial max|x| over the finite values."""
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    amax = tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR, BK, RHT)
+    tl.store(out_ptr + pid_r * tl.num_programs(1) + pid_k, amax)
+
+
+@triton.jit
+def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """max|x| over the finite values of tile (``pid_r``, ``pid_k``), transformed along K with RHT."""
     rows = pid_r * BR + tl.arange(0, BR)
-    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
-    a = tl.abs(y)
-    finite = a < float("inf")
-    amax = tl.max(tl.max(tl.max(tl.where(finite, a, 0.0), 2), 1), 0)
-    pid = pid_r * tl.num_programs(1) + pid_k
-    tl.store(out_ptr + pid, amax)
+    a = tl.abs(_load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT))
+    return tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0)
 
 
 @triton.jit
@@ -83,7 +88,16 @@ def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6
                   R, K, s_r, s_k, r_r, r_k,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
                   TILE2D: tl.constexpr):
-    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr, R, K, s_r, s_k,
+               r_r, r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH, TILE2D)
+
+
+@triton.jit
+def nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+               R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
+               BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
+               TILE2D: tl.constexpr):
+    """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to NVFP4 along K."""
     NB: tl.constexpr = BK // 16
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
@@ -131,7 +145,16 @@ def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K,
                   EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                   MAX: tl.constexpr, FLOOR: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
-    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    mxfp8_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+               tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT, SR, HASH)
+
+
+@triton.jit
+def mxfp8_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
+               EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+               MAX: tl.constexpr, FLOOR: tl.constexpr,
+               BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
+    """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to MXFP8 along K."""
     NB: tl.constexpr = BK // 32
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK

@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autoprec.formats import get_format
+from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels import scaled_mm_fp8_triton as f8
 from autoprec.kernels import scaled_mm_tc_triton as tc
@@ -76,6 +77,32 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))
+    return out + dual_kernels(mx)
+
+
+def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+    """The row + column quantizers at every autotuned config (SR and RHT on both copies)."""
+    head = {"x_ptr": "*fp32", "m_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32"}
+
+    def side(s: str, nvfp4: bool) -> dict:
+        ts = {f"senc6_{s}": "*fp32", f"sdec_{s}": "*fp32"} if nvfp4 else {}
+        return {f"keys_{s}": "*i64", f"codes_{s}": "*u8", f"scales_{s}": "*u8"} | ts | {f"i{s}_r": "i32",
+                                                                                      f"i{s}_k": "i32"}
+
+    flags = {"RHT_A": True, "SR_A": True, "RHT_B": True, "SR_B": True}
+    amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_a": "*fp32", "out_b": "*fp32", "R": "i32", "K": "i32",
+            "s_r": "i32", "s_k": "i32", "n_k": "i32"}
+    mx = {k: v for k, v in mx.items() if k != "SR"}
+    out = []
+    for cfg in qd.CONFIGS:
+        b, opts = cfg.kwargs["B"], {"num_warps": cfg.num_warps}
+        tag = f"b{b}_w{cfg.num_warps}"
+        out.append((f"quantize_dual_nvfp4_{tag}", qd._nvfp4_dual_kernel.fn,
+                    head | side("a", True) | side("b", True), {"B": b} | flags, opts))
+        out.append((f"quantize_dual_mxfp8_{tag}", qd._mxfp8_dual_kernel.fn,
+                    head | side("a", False) | side("b", False), mx | {"B": b} | flags, opts))
+        out.append((f"quantize_dual_amax_{tag}", qd._amax2_kernel.fn, amax,
+                    {"B": b, "RHT_A": True, "RHT_B": True}, opts))
     return out
 
 

@@ -9,6 +9,7 @@ triton = pytest.importorskip("triton")
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels.numerics_triton import sr_hash_bits
+from autoprec.kernels.quantize_dual_triton import Side, dual_problem, quantize_dual_triton
 from autoprec.kernels.quantize_triton import _index_strides, quantize_triton
 from autoprec.kernels.random_bits import M32, mix32, sr_bits, sr_stream, stream_keys
 
@@ -119,3 +120,39 @@ def test_custom_rht_signs():
     signs = rht_signs(123)
     ref = quantize_ref(rht_ref(x, 1, signs), "nvfp4", 1)
     assert_same(quantize_triton(x.to(DEVICE), get_format("nvfp4"), 1, rht=True, rht_signs_=signs), ref)
+
+
+def _same_bits(q, r):
+    assert bits_equal(q.codes.cpu(), r.codes) and bits_equal(q.scales.cpu(), r.scales)
+    if r.tensor_scale is not None:
+        assert bits_equal(q.tensor_scale.cpu(), r.tensor_scale)
+
+
+def _reference_copy(x, fmt, axis, side: Side):
+    """One copy as the reference makes it: of x along ``axis``, or (transposed_source) of x.t() along 1."""
+    src, axis = (x.t(), 1) if side.transposed_source else (x, axis)
+    rand = None if side.seed is None else sr_bits(src.shape, side.seed)
+    src = rht_ref(src, axis) if side.rht else src
+    return quantize_ref(src, fmt, axis, rounding="rne" if side.seed is None else "sr", rand=rand)
+
+
+@pytest.mark.parametrize("sides", [
+    (Side(), Side(rht=True)),  # an activation: fprop rowwise, wgrad columnwise with the RHT
+    (Side(seed=sr_stream(3, 9)), Side(seed=sr_stream(4, 9), rht=True, transposed_source=True)),  # a gradient
+    (Side(seed=sr_stream(5, 2**32 - 1), rht=True), Side()),
+], ids=["activation", "gradient", "rows-rht"])
+@pytest.mark.parametrize("fmt,shape", [("nvfp4", (48, 80)), ("nvfp4", (128, 64)), ("mxfp8", (96, 160)),
+                                       ("mxfp8_e5m2", (32, 64))])
+def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
+    """One kernel, both copies: each byte for byte the reference's, on tiles that overhang the tensor."""
+    x = edge_tensor(*shape)
+    rows, cols = quantize_dual_triton(x.to(DEVICE), get_format(fmt), *sides)
+    _same_bits(rows, _reference_copy(x, fmt, 1, sides[0]))
+    _same_bits(cols, _reference_copy(x, fmt, 0, sides[1]))
+    assert (rows.axis, cols.axis, rows.shape, cols.shape) == (1, 0, x.shape, x.shape)
+
+
+def test_dual_quantizer_names_what_it_cannot_take():
+    assert "2D" in dual_problem(torch.zeros(2, 32, 32), get_format("nvfp4"))
+    assert "multiple of 32" in dual_problem(torch.zeros(48, 64), get_format("mxfp8"))
+    assert dual_problem(torch.zeros(48, 64), get_format("nvfp4")) is None

@@ -1,0 +1,139 @@
+"""One read of a 2D tensor, both quantized copies a layer's GEMMs need: rowwise (blocks along dim 1, the
+fprop / dgrad operand) and columnwise (blocks along dim 0, the wgrad operand), each with its own rounding,
+SR stream and RHT, as Transformer Engine's quantizers write them.
+
+Each program quantizes one B x B tile both ways; the tile's second (transposed) reading comes from cache,
+so the source crosses HBM once (twice for NVFP4, whose tensor scales need the amax of the whole tensor
+first: one pass computes both copies' amaxes). SR bits are hashed in the kernel. Block sizes and warps
+are autotuned on a GPU (the interpreter runs the first config). The two copies are byte for byte what two
+``quantize_triton`` calls (and the reference) make.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
+from autoprec.kernels.quantize_triton import _rht_operand, mxfp8_tile, nvfp4_tile, tile_amax
+from autoprec.kernels.quantized import QuantizedTensor
+from autoprec.kernels.random_bits import stream_keys
+
+# 8 warps: with 4, the NVFP4 kernel's two tiles spill registers on sm_90 (tests/ptx_report.py)
+CONFIGS = [triton.Config({"B": b}, num_warps=8) for b in (64, 32)]
+MIN_B = 32  # the smallest tile: partial amaxes are laid out for it
+
+
+def _configs() -> list[triton.Config]:
+    return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else CONFIGS
+
+
+@dataclass(frozen=True)
+class Side:
+    """One copy: ``seed`` the SR stream (None: round to nearest), the RHT along its block axis, and
+    ``transposed_source``: its SR bits index ``x.t()`` (the copy is the rowwise quantization of x.t(), as
+    a graph's wgrad operand is) rather than x."""
+
+    seed: int | None = None
+    rht: bool = False
+    transposed_source: bool = False
+
+
+@triton.autotune(configs=_configs(), key=["R", "K"])
+@triton.jit
+def _amax2_kernel(x_ptr, m_ptr, out_a, out_b, R, K, s_r, s_k, n_k,
+                  B: tl.constexpr, RHT_A: tl.constexpr, RHT_B: tl.constexpr):
+    """Partial amaxes of the rowwise copy's source (RHT along dim 1) and the columnwise one's (along dim 0)."""
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    a = tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, B, B, RHT_A)
+    b = a
+    if RHT_A or RHT_B:
+        b = tile_amax(x_ptr, m_ptr, K, R, s_k, s_r, pid_k, pid_r, B, B, RHT_B)
+    tl.store(out_a + pid_r * n_k + pid_k, a)
+    tl.store(out_b + pid_r * n_k + pid_k, b)
+
+
+@triton.autotune(configs=_configs(), key=["R", "K"])
+@triton.jit
+def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
+                       keys_a, codes_a, scales_a, senc6_a, sdec_a, ia_r, ia_k,
+                       keys_b, codes_b, scales_b, senc6_b, sdec_b, ib_r, ib_k,
+                       B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
+                       RHT_B: tl.constexpr, SR_B: tl.constexpr):
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    nvfp4_tile(x_ptr, m_ptr, x_ptr, keys_a, codes_a, scales_a, senc6_a, sdec_a, R, K, s_r, s_k, ia_r, ia_k,
+               pid_r, pid_k, B, B, RHT_A, SR_A, True, False)
+    nvfp4_tile(x_ptr, m_ptr, x_ptr, keys_b, codes_b, scales_b, senc6_b, sdec_b, K, R, s_k, s_r, ib_r, ib_k,
+               pid_k, pid_r, B, B, RHT_B, SR_B, True, False)
+
+
+@triton.autotune(configs=_configs(), key=["R", "K"])
+@triton.jit
+def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
+                       keys_a, codes_a, scales_a, ia_r, ia_k, keys_b, codes_b, scales_b, ib_r, ib_k,
+                       EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                       MAX: tl.constexpr, FLOOR: tl.constexpr,
+                       B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
+                       RHT_B: tl.constexpr, SR_B: tl.constexpr):
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    mxfp8_tile(x_ptr, m_ptr, x_ptr, keys_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
+               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_A, SR_A, True)
+    mxfp8_tile(x_ptr, m_ptr, x_ptr, keys_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
+               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_B, SR_B, True)
+
+
+def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
+    """Why ``x`` cannot be quantized both ways here, or None."""
+    if x.ndim != 2:
+        return f"a {x.ndim}D tensor: both copies need a 2D one"
+    block = 16 if fmt is NVFP4 else 32
+    if x.shape[0] % block or x.shape[1] % block:
+        return f"shape {tuple(x.shape)} is not a multiple of {block} in both dims"
+    return None
+
+
+def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: Side, cols: Side, *, scale_mode: str = "rceil",
+                         rht_signs_: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """The rowwise (axis 1) and columnwise (axis 0) quantizations of 2D ``x`` from one read of it."""
+    n_rows, k = x.shape
+    m = _rht_operand(x, rows.rht or cols.rht, rht_signs_)
+
+    def keys(side: Side) -> torch.Tensor:
+        return torch.tensor(stream_keys(side.seed) if side.seed is not None else (0, 0), device=x.device,
+                            dtype=torch.int64)
+
+    # SR index strides of each copy's (rows, K) view, in row-major indices of its source (x or x.t())
+    ia = (1, n_rows) if rows.transposed_source else (k, 1)
+    ib = (n_rows, 1) if cols.transposed_source else (1, k)
+    grid = lambda meta: (triton.cdiv(n_rows, meta["B"]), triton.cdiv(k, meta["B"]))  # noqa: E731
+    sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
+    if fmt is NVFP4:
+        n_k = triton.cdiv(k, MIN_B)
+        parts = torch.zeros(2, triton.cdiv(n_rows, MIN_B) * n_k, device=x.device, dtype=torch.float32)
+        _amax2_kernel[grid](x, m, parts[0], parts[1], n_rows, k, x.stride(0), x.stride(1), n_k,
+                            RHT_A=rows.rht, RHT_B=cols.rht)
+        s_enc = [nvfp4_encode_scale(a) for a in parts.amax(1)]
+        codes = [torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8),
+                 torch.empty(k, n_rows // 2, device=x.device, dtype=torch.uint8)]
+        scales = [torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8),
+                  torch.empty(k, n_rows // 16, device=x.device, dtype=torch.uint8)]
+        s_dec = [1.0 / s for s in s_enc]
+        _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
+                                 keys(rows), codes[0], scales[0], scale_to_block(s_enc[0]), s_dec[0], *ia,
+                                 keys(cols), codes[1], scales[1], scale_to_block(s_enc[1]), s_dec[1], *ib, **sides)
+        return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d.reshape(()), axis, x.shape, 1)
+                     for c, s, d, axis in zip(codes, scales, s_dec, (1, 0)))
+    elem = fmt.elem
+    codes = [torch.empty(n_rows, k, device=x.device, dtype=torch.uint8),
+             torch.empty(k, n_rows, device=x.device, dtype=torch.uint8)]
+    scales = [torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8),
+              torch.empty(k, n_rows // 32, device=x.device, dtype=torch.uint8)]
+    _mxfp8_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1), keys(rows), codes[0], scales[0], *ia,
+                             keys(cols), codes[1], scales[1], *ib, EBITS=elem.ebits, MBITS=elem.mbits,
+                             BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **sides)
+    return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, x.shape)
+                 for c, s, axis in zip(codes, scales, (1, 0)))
