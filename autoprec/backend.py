@@ -33,6 +33,7 @@ from autoprec.passes.find_matmuls import find_matmuls
 from autoprec.passes.gemms import GraphGemm, graph_gemms, key_seeds
 from autoprec.passes.group_sites import Site, group_sites
 from autoprec.passes.normalize_grouped import normalize_grouped
+from autoprec.passes.pair_quantize import pair_quantizations
 from autoprec.passes.rewrite import rewrite_matmuls
 from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
@@ -221,6 +222,7 @@ class _Variant:
             by_node[g.info.mm.node] = d
         infos = {g.info.mm.node: g.info for g in gemms}
         runner.run("rewrite_matmuls", rewrite_matmuls, gm, by_node, infos, self.opts, self._step(gm))
+        runner.run("pair_quantizations", pair_quantizations, gm)
         for name, seconds in runner.timings.items():
             self.state.pass_seconds[name] = self.state.pass_seconds.get(name, 0.0) + seconds
 

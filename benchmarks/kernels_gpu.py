@@ -2,7 +2,8 @@
 
     python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24] [--no-step]
 
-Quantize GB/s counts bytes read (input, plus the random bits for SR) and written (codes and scales).
+Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
+scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies from one read.
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
 the same shape; each row names the path dispatch took (native, tensor_core, fp8_dot, fp32), and MXFP8 also
 runs the FP8-dot kernel, to decide which MXFP8 should use on sm_90. The step is one forward+backward of a
@@ -34,28 +35,36 @@ def main() -> None:
     import triton.testing
 
     from autoprec.kernels import quantize
-    from autoprec.kernels.random_bits import sr_bits
+    from autoprec.kernels.dispatch import quantize_dual
+    from autoprec.kernels.quantized import QuantCopy
+    from autoprec.kernels.random_bits import sr_stream
 
     n = args.size
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     print(f"{torch.cuda.get_device_name()}  x: {n}x{n} bf16")
     print(f"{'quantize':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}")
-    rand = sr_bits(x.shape, 0, "cuda")
+    seed = sr_stream(1, 1)
     cases = [
         ("nvfp4 rows", dict(fmt="nvfp4", axis=1)),
         ("nvfp4 cols (wgrad copy)", dict(fmt="nvfp4", axis=0)),
         ("nvfp4 16x16", dict(fmt="nvfp4", axis=1, tile2d=True)),
-        ("nvfp4 rows sr", dict(fmt="nvfp4", axis=1, rounding="sr", rand=rand)),
-        ("nvfp4 cols sr + rht", dict(fmt="nvfp4", axis=0, rounding="sr", rand=rand, rht=True)),
+        ("nvfp4 rows sr", dict(fmt="nvfp4", axis=1, rounding="sr", seed=seed)),
+        ("nvfp4 cols sr + rht", dict(fmt="nvfp4", axis=0, rounding="sr", seed=seed, rht=True)),
         ("mxfp8 rows", dict(fmt="mxfp8", axis=1)),
         ("mxfp8 cols", dict(fmt="mxfp8", axis=0)),
-        ("mxfp8_e5m2 rows sr", dict(fmt="mxfp8_e5m2", axis=1, rounding="sr", rand=rand)),
+        ("mxfp8_e5m2 rows sr", dict(fmt="mxfp8_e5m2", axis=1, rounding="sr", seed=seed)),
     ]
-    for name, kw in cases:
-        q = quantize(x, **kw)
-        ms = triton.testing.do_bench(lambda: quantize(x, **kw))
-        moved = x.nbytes + q.codes.nbytes + q.scales.nbytes + (rand.nbytes if "rand" in kw else 0)
-        gbs = moved / ms / 1e6
+    duals = [  # an activation (fprop rows, wgrad columns + RHT) and a gradient (SR on both, RHT on columns)
+        ("nvfp4 both, activation", "nvfp4", QuantCopy(), QuantCopy(rht=True)),
+        ("nvfp4 both, gradient", "nvfp4", QuantCopy(seed), QuantCopy(seed + 1, rht=True, transposed_source=True)),
+        ("mxfp8 both, activation", "mxfp8", QuantCopy(), QuantCopy()),
+    ]
+    timed = [(name, lambda kw=kw: [quantize(x, **kw)]) for name, kw in cases]
+    timed += [(name, lambda f=f, r=r, c=c: quantize_dual(x, f, r, c)) for name, f, r, c in duals]
+    for name, fn in timed:
+        written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())
+        ms = triton.testing.do_bench(fn)
+        gbs = (x.nbytes + written) / ms / 1e6
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%")
 
     for m, nn_, k in [(4096, 4096, 4096), (8192, 8192, 2048), (n, n, n)]:

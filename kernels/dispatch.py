@@ -21,12 +21,12 @@ from dataclasses import replace
 
 import torch
 
-from autoprec.formats import Format
+from autoprec.formats import Format, get_format
 from autoprec.kernels.hadamard_ref import rht_ref
 from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
-from autoprec.kernels.quantized import QuantizedTensor
+from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
 from autoprec.kernels.random_bits import sr_bits
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
@@ -100,6 +100,33 @@ def quantize(
                             rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches)
     q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs)
     return _part_of(q, rows, batches) if part else q
+
+
+def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
+                  rht_signs: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """Both copies of 2D ``x``: rowwise (blocks along dim 1) and columnwise (along dim 0), each the bytes
+    ``quantize`` makes of its source (x, or x.t() for a copy with ``transposed_source``). The Triton kernel
+    reads x once for both; elsewhere (CPU, shapes it does not take) they are two quantizations."""
+    fmt = get_format(fmt)
+    problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
+    if _use_triton(x.device, problem):
+        from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
+
+        return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs)
+
+    def one(copy: QuantCopy, axis: int) -> QuantizedTensor:
+        src, axis = (x.t(), 1 - axis) if copy.transposed_source else (x, axis)
+        return quantize(src, fmt, axis, rounding="rne" if copy.seed is None else "sr", seed=copy.seed or 0,
+                        scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
+
+    return one(rows, 1), one(cols, 0)
+
+
+def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
+    """Why the one-read kernel cannot quantize 2D ``x`` both ways (a dim not a multiple of the block)."""
+    if x.shape[0] % fmt.block_size or x.shape[1] % fmt.block_size:
+        return f"shape {tuple(x.shape)} is not a multiple of {fmt.block_size} in both dims"
+    return None
 
 
 def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, tile2d: bool, scale_mode: str,

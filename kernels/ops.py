@@ -10,7 +10,7 @@ import torch
 from autoprec.formats import BF16, NVFP4, get_format
 from autoprec.kernels import dispatch, grouped
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
+from autoprec.kernels.quantized import QuantCopy, QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import sr_stream
 
 Tensor = torch.Tensor
@@ -32,14 +32,46 @@ def quantize(
     The RHT signs come from ``rht_seed``."""
     if rounding == "sr":
         seed = sr_stream(seed, int(step))
-    q = dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode, rht=rht,
-                          rht_signs=rht_signs(rht_seed) if rht else None)
-    ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=x.device)
-    return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone()
+    return _parts(dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode,
+                                    rht=rht, rht_signs=rht_signs(rht_seed) if rht else None))
 
 
 @quantize.register_fake
 def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step):
+    return _quantized_like(x, fmt, axis, tile2d)
+
+
+@torch.library.custom_op("autoprec::quantize_dual", mutates_args=())
+def quantize_dual(
+    x: Tensor, fmt: str, rounding_a: str, seed_a: int, rht_a: bool, transposed_a: bool,
+    rounding_b: str, seed_b: int, rht_b: bool, transposed_b: bool, scale_mode: str, rht_seed: int, step: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``quantize``'s parts of 2D ``x``'s rowwise copy (a: blocks along dim 1) then of its columnwise copy
+    (b: along dim 0), from one read of ``x`` where the Triton kernel runs. Copy a (b) is the quantization
+    ``quantize`` makes of x, or of x.t() where ``transposed_a`` (``transposed_b``): the op replaces two
+    such quantize nodes (passes/pair_quantize.py) and makes their bytes."""
+    copies = [QuantCopy(sr_stream(seed, int(step)) if rounding == "sr" else None, rht, t)
+              for rounding, seed, rht, t in ((rounding_a, seed_a, rht_a, transposed_a),
+                                             (rounding_b, seed_b, rht_b, transposed_b))]
+    signs = rht_signs(rht_seed) if rht_a or rht_b else None
+    qa, qb = dispatch.quantize_dual(x, fmt, *copies, scale_mode=scale_mode, rht_signs=signs)
+    return (*_parts(qa), *_parts(qb))
+
+
+@quantize_dual.register_fake
+def _(x, fmt, rounding_a, seed_a, rht_a, transposed_a, rounding_b, seed_b, rht_b, transposed_b, scale_mode,
+      rht_seed, step):
+    return (*_quantized_like(x, fmt, 1, False), *_quantized_like(x, fmt, 0, False))
+
+
+def _parts(q: QuantizedTensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(uint8 codes, uint8 scales, fp32 tensor scale: 1 for MXFP8) of a quantization."""
+    ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=q.codes.device)
+    return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone()
+
+
+def _quantized_like(x: Tensor, fmt: str, axis: int, tile2d: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Empty parts shaped as ``quantize`` returns them for ``x`` along ``axis``."""
     f = get_format(fmt)
     axis = normalize_axis(axis, x.ndim)
     stored = _stored_shape(x.shape, axis)

@@ -11,7 +11,6 @@ are autotuned on a GPU (the interpreter runs the first config). The two copies a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,7 +19,7 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
 from autoprec.kernels.quantize_triton import _rht_operand, mxfp8_tile, nvfp4_tile, tile_amax
-from autoprec.kernels.quantized import QuantizedTensor
+from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
 from autoprec.kernels.random_bits import stream_keys
 
 # 8 warps: with 4, the NVFP4 kernel's two tiles spill registers on sm_90 (tests/ptx_report.py)
@@ -30,17 +29,6 @@ MIN_B = 32  # the smallest tile: partial amaxes are laid out for it
 
 def _configs() -> list[triton.Config]:
     return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else CONFIGS
-
-
-@dataclass(frozen=True)
-class Side:
-    """One copy: ``seed`` the SR stream (None: round to nearest), the RHT along its block axis, and
-    ``transposed_source``: its SR bits index ``x.t()`` (the copy is the rowwise quantization of x.t(), as
-    a graph's wgrad operand is) rather than x."""
-
-    seed: int | None = None
-    rht: bool = False
-    transposed_source: bool = False
 
 
 @triton.autotune(configs=_configs(), key=["R", "K"])
@@ -86,23 +74,14 @@ def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_B, SR_B, True)
 
 
-def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
-    """Why ``x`` cannot be quantized both ways here, or None."""
-    if x.ndim != 2:
-        return f"a {x.ndim}D tensor: both copies need a 2D one"
-    block = 16 if fmt is NVFP4 else 32
-    if x.shape[0] % block or x.shape[1] % block:
-        return f"shape {tuple(x.shape)} is not a multiple of {block} in both dims"
-    return None
-
-
-def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: Side, cols: Side, *, scale_mode: str = "rceil",
+def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
                          rht_signs_: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
-    """The rowwise (axis 1) and columnwise (axis 0) quantizations of 2D ``x`` from one read of it."""
+    """The rowwise (axis 1) and columnwise (axis 0) quantizations of 2D ``x`` from one read of it (checked
+    by ``dual_problem``)."""
     n_rows, k = x.shape
     m = _rht_operand(x, rows.rht or cols.rht, rht_signs_)
 
-    def keys(side: Side) -> torch.Tensor:
+    def keys(side: QuantCopy) -> torch.Tensor:
         return torch.tensor(stream_keys(side.seed) if side.seed is not None else (0, 0), device=x.device,
                             dtype=torch.int64)
 

@@ -105,3 +105,13 @@ def reference_core(fn):
         _COMPILED[fn] = run
     return _COMPILED[fn]
 
+
+@dataclass(frozen=True)
+class QuantCopy:
+    """One of the two copies ``quantize_dual`` writes of a 2D tensor: ``seed`` its SR stream (None: round to
+    nearest), the RHT along its block axis, and ``transposed_source``: it is the quantization of x.t() (its
+    SR bits index x.t()), as a graph's wgrad operand read through a transpose is."""
+
+    seed: int | None = None
+    rht: bool = False
+    transposed_source: bool = False
