@@ -6,6 +6,8 @@ precision. Outputs are laid out like the reference's (block axis last) and match
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -26,8 +28,16 @@ from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import sr_bits, stream_keys
 
-BLOCK_R = 16
+BLOCK_R = 16  # the amax pass's tile, and the first (interpreter's) config of the quantize kernels
 BLOCK_K = 64
+# (BR, BK, warps) the quantize kernels are autotuned over on a GPU; bigger tiles take 8 warps so the RHT
+# variants fit the registers (tests/ptx_report.py compiles every config)
+CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in ((BLOCK_R, BLOCK_K, 4), (32, 64, 8),
+                                                                             (16, 128, 8))]
+
+
+def _configs() -> list[triton.Config]:
+    return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else CONFIGS
 
 
 @triton.jit
@@ -83,6 +93,7 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
     return tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0)
 
 
+@triton.autotune(configs=_configs(), key=["R", "K", "RHT", "SR", "TILE2D"])
 @triton.jit
 def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
                   R, K, s_r, s_k, r_r, r_k,
@@ -140,6 +151,7 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_pt
     tl.store(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
 
 
+@triton.autotune(configs=_configs(), key=["R", "K", "RHT", "SR"])
 @triton.jit
 def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                   EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
@@ -241,12 +253,13 @@ def quantize_triton(
         r_m = _as_matrix(rand, axis) if rand is not None else m
         r_strides = r_m.stride()
     mt = _rht_operand(x, rht, rht_signs_)
-    grid = (triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))
+    grid = lambda meta: (triton.cdiv(n_rows, meta["BR"]), triton.cdiv(k, meta["BK"]))  # noqa: E731
     stored = tuple(x.movedim(axis, -1).shape)
-    common = dict(BR=BLOCK_R, BK=BLOCK_K, RHT=rht, SR=rand is not None or hashed, HASH=hashed)
+    common = dict(RHT=rht, SR=rand is not None or hashed, HASH=hashed)
     if fmt is NVFP4:
-        partial = torch.empty(grid[0] * grid[1], device=x.device, dtype=torch.float32)
-        _amax_kernel[grid](m, mt, partial, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
+        amax_grid = (triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))
+        partial = torch.empty(amax_grid[0] * amax_grid[1], device=x.device, dtype=torch.float32)
+        _amax_kernel[amax_grid](m, mt, partial, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
         amax = partial.amax()  # finite values only, as the reference
         s_enc = nvfp4_encode_scale(amax)
         s_dec = 1.0 / s_enc

@@ -70,10 +70,17 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
           "FLOOR": False, "SR": True}
     for suffix, hashed in (("", False), ("_hashed", True)):  # SR bits loaded, or hashed in the kernel
-        out.append((f"quantize_nvfp4{suffix}", qt._nvfp4_kernel, nvfp4,
+        out.append((f"quantize_nvfp4{suffix}", qt._nvfp4_kernel.fn, nvfp4,
                     QUANT_BLOCKS | {"SR": True, "HASH": hashed, "TILE2D": False}, {}))
-        out.append((f"quantize_mxfp8{suffix}", qt._mxfp8_kernel, QUANT_POINTERS | SIZES,
+        out.append((f"quantize_mxfp8{suffix}", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES,
                     QUANT_BLOCKS | mx | {"HASH": hashed}, {}))
+    for cfg in qt.CONFIGS[1:]:  # the other autotuned tiles (hashed SR, RHT)
+        tile, opts = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"]}, {"num_warps": cfg.num_warps}
+        tag = f"br{tile['BR']}_bk{tile['BK']}"
+        out.append((f"quantize_nvfp4_hashed_{tag}", qt._nvfp4_kernel.fn, nvfp4,
+                    QUANT_BLOCKS | tile | {"SR": True, "HASH": True, "TILE2D": False}, opts))
+        out.append((f"quantize_mxfp8_hashed_{tag}", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES,
+                    QUANT_BLOCKS | mx | tile | {"HASH": True}, opts))
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))

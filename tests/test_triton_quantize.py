@@ -131,8 +131,9 @@ def _same_bits(q, r):
 
 
 def _reference_copy(x, fmt, axis, side: Side):
-    """One copy as the reference makes it: of x along ``axis``, or (transposed_source) of x.t() along 1."""
-    src, axis = (x.t(), 1) if side.transposed_source else (x, axis)
+    """One copy as the reference makes it: blocked along ``axis`` of x, quantized as x or (transposed_source)
+    as x.t()."""
+    src, axis = (x.t(), 1 - axis) if side.transposed_source else (x, axis)
     rand = None if side.seed is None else sr_bits(src.shape, side.seed)
     src = rht_ref(src, axis) if side.rht else src
     return quantize_ref(src, fmt, axis, rounding="rne" if side.seed is None else "sr", rand=rand)
@@ -142,7 +143,8 @@ def _reference_copy(x, fmt, axis, side: Side):
     (Side(), Side(rht=True)),  # an activation: fprop rowwise, wgrad columnwise with the RHT
     (Side(seed=sr_stream(3, 9)), Side(seed=sr_stream(4, 9), rht=True, transposed_source=True)),  # a gradient
     (Side(seed=sr_stream(5, 2**32 - 1), rht=True), Side()),
-], ids=["activation", "gradient", "rows-rht"])
+    (Side(seed=sr_stream(6, 1), transposed_source=True), Side(seed=sr_stream(7, 1))),  # rows read through x.t()
+], ids=["activation", "gradient", "rows-rht", "rows-transposed"])
 @pytest.mark.parametrize("fmt,shape", [("nvfp4", (48, 80)), ("nvfp4", (128, 64)), ("mxfp8", (96, 160)),
                                        ("mxfp8_e5m2", (32, 64))])
 def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
