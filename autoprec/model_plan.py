@@ -137,8 +137,7 @@ class ModelPlan:
         recalibrates = requested.recalibrate_every is not None  # also when a restored plan runs first
         self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto or recalibrates else None
         self.fixed = not auto
-        self.epoch = 0  # re-calibrations begun so far (option recalibrate_every) ...
-        self.recalibrated: list[int] = []  # ... and the training steps after which they began
+        self.recalibrated: list[int] = []  # training steps after which re-calibrations began (recalibrate_every)
         self._module_names = [n for n, _ in root.named_modules()] if root is not None else None
         self._assigner = Assigner(opts, self.calibration, self._module_names) if root is not None else None
 
@@ -215,8 +214,12 @@ class ModelPlan:
         if every and self.fixed and self.train_steps % every == 0 and self.train_steps not in self.recalibrated:
             self._recalibrate()
 
+    @property
+    def epoch(self) -> int:
+        """Re-calibrations begun so far: which plan of the run this is."""
+        return len(self.recalibrated)
+
     def _recalibrate(self) -> None:
-        self.epoch += 1
         self.recalibrated.append(self.train_steps)
         self.opts = self.requested  # a plan restored from a checkpoint ran until now
         if self._module_names is not None:

@@ -115,7 +115,7 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
         return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs)
 
     def one(copy: QuantCopy, axis: int) -> QuantizedTensor:
-        src, axis = (x.t(), 1 - axis) if copy.transposed_source else (x, axis)
+        src, axis = copy.source(x, axis)
         return quantize(src, fmt, axis, rounding="rne" if copy.seed is None else "sr", seed=copy.seed or 0,
                         scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
 

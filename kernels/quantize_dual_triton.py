@@ -18,7 +18,7 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
-from autoprec.kernels.quantize_triton import _rht_operand, mxfp8_tile, nvfp4_tile, tile_amax
+from autoprec.kernels.quantize_triton import _index_strides, _rht_operand, mxfp8_tile, nvfp4_tile, tile_amax
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
 from autoprec.kernels.random_bits import stream_keys
 
@@ -86,8 +86,7 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
                             dtype=torch.int64)
 
     # SR index strides of each copy's (rows, K) view, in row-major indices of its source (x or x.t())
-    ia = (1, n_rows) if rows.transposed_source else (k, 1)
-    ib = (n_rows, 1) if cols.transposed_source else (1, k)
+    ia, ib = (_index_strides(src.shape, axis) for src, axis in (rows.source(x, 1), cols.source(x, 0)))
     grid = lambda meta: (triton.cdiv(n_rows, meta["B"]), triton.cdiv(k, meta["B"]))  # noqa: E731
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
     if fmt is NVFP4:

@@ -115,3 +115,7 @@ class QuantCopy:
     seed: int | None = None
     rht: bool = False
     transposed_source: bool = False
+
+    def source(self, x: torch.Tensor, axis: int) -> tuple[torch.Tensor, int]:
+        """(tensor, axis) this copy is the quantization of, for the copy of 2D ``x`` blocked along ``axis``."""
+        return (x.t(), 1 - axis) if self.transposed_source else (x, axis)
