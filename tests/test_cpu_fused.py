@@ -20,8 +20,10 @@ CASES = list(itertools.product(range(len(FORMATS)), [0, 1], [False, True], [Fals
 
 
 def inputs(tile2d: bool, axis: int) -> list[torch.Tensor]:
-    """Edge blocks (NaN, ±Inf, zero, tiny, huge), small and large scales, and a 3D activation."""
-    xs = [edge_tensor(64, 96), edge_tensor(96, 64, seed=1) * 1e-3, torch.randn(32, 64) * 300]
+    """Edge blocks (NaN, ±Inf, zero, tiny, huge), small and large scales (E8M0 code 0, i.e. 2**-127, an fp32
+    subnormal, at the smallest), and a 3D activation."""
+    xs = [edge_tensor(64, 96), edge_tensor(96, 64, seed=1) * 1e-3, torch.randn(32, 64) * 300,
+          torch.randn(32, 64) * 2.0**-125]
     if not tile2d:
         xs.append(torch.randn(32, 3, 64) if axis == 0 else torch.randn(3, 64, 5))  # dims after the block axis
     return xs

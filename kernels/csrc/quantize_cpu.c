@@ -178,7 +178,7 @@ void nvfp4_dequantize(const uint8_t *codes, int64_t R, int64_t K, const uint8_t 
 
 /* rounding_ref.e8m0_decode: 2**(code - 127), 2**-127 (an fp32 subnormal) for code 0, NaN for 255. */
 INLINE float e8m0_value(uint8_t code) {
-    return float_of(code == 255 ? 0x7FC00000u : (code ? (uint32_t)code << 23 : 0x00200000u));
+    return float_of(code == 255 ? 0x7FC00000u : (code ? (uint32_t)code << 23 : 0x00400000u));
 }
 
 /* MXFP8 values: fp8(code) * 2**(scale - 127) (a NaN scale's NaN wins, as in the reference's product).
