@@ -1,6 +1,7 @@
 """GPU throughput of the Triton kernels and of a planned training step.
 
-    python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24] [--no-step]
+    python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24]
+                                     [--no-step | --step-only]
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies from one read.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,9 +31,14 @@ def main() -> None:
     parser.add_argument("--bf16-tflops", type=float, default=989.0)
     parser.add_argument("--layers", type=int, default=24, help="layers of the d=1024 GPT timed for one step")
     parser.add_argument("--no-step", action="store_true", help="skip the training-step comparison")
+    parser.add_argument("--sweep", action="store_true", help="time the tensor-core GEMM's tile configurations")
+    parser.add_argument("--step-only", action="store_true", help="only the training-step comparison")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (the CPU interpreter is for tests only)")
+    if args.step_only:
+        training_step(args.layers)
+        return
     import triton.testing
 
     from autoprec.kernels import quantize
@@ -69,6 +76,8 @@ def main() -> None:
 
     for m, nn_, k in [(4096, 4096, 4096), (8192, 8192, 2048), (n, n, n)]:
         matmuls(m, nn_, k, args.bf16_tflops)
+    if args.sweep:
+        sweep(8192, 8192, 2048, args.bf16_tflops)
     if not args.no_step:
         training_step(args.layers)
 
@@ -80,6 +89,7 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.dispatch import gemm_path
     from autoprec.kernels.operand import as_operand
+    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded
     from autoprec.kernels.scaled_mm_fp8_triton import scaled_mm_fp8_triton
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -95,10 +105,43 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
         b = w if fmt == "bf16" else quantize(w, fmt, 0)
         path, _ = gemm_path(capability, as_operand(a, 1, "a"), as_operand(b, 0, "b"))
         row(f"autoprec {fmt} ({path})", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+        if fmt != "bf16":  # with both operands' quantization, as a step runs it (TE's "with quantization")
+            row("  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
+                                                        out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+        if fmt != "bf16":  # the other sm_90 design: operands decoded to bf16 in memory, then cuBLAS
+            da, db = as_operand(a, 1, "a"), as_operand(b, 0, "b")
+            row("  decoded + cuBLAS", lambda: scaled_mm_decoded(da, db, None, torch.bfloat16), flops, ms_bf16, peak)
         if fmt == "mxfp8":  # the FP8-dot kernel next to it, to decide which one MXFP8 should use on sm_90
             oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
             row("autoprec mxfp8 (fp8_dot)", lambda: scaled_mm_fp8_triton(oa, ob, None, torch.bfloat16), flops,
                 ms_bf16, peak)
+
+
+SWEEP = [(128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 128, 64, 4, 3),
+         (128, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 4)]
+
+
+def sweep(m: int, n: int, k: int, peak: float) -> None:
+    """The tensor-core GEMM at each (BM, BN, BK, warps, stages) of SWEEP; the first is the one it runs."""
+    import triton.testing
+
+    from autoprec.kernels import quantize
+    from autoprec.kernels.operand import as_operand
+    from autoprec.kernels.scaled_mm_triton import DOT_BF16, launch
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    ms_bf16 = triton.testing.do_bench(lambda: x @ w)
+    print(f"\n{f'tile sweep {m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
+    for fmt in ("nvfp4", "mxfp8"):
+        oa, ob = as_operand(quantize(x, fmt, 1), 1, "a"), as_operand(quantize(w, fmt, 0), 0, "b")
+        for bm, bn, bk, warps, stages in SWEEP:
+            name = f"{fmt} {bm}x{bn}x{bk} w{warps} s{stages}"
+            try:
+                row(name, lambda: launch((bm, bn, bk), oa, ob, None, torch.bfloat16, DOT_BF16, num_warps=warps,
+                                         num_stages=stages), 2 * m * n * k, ms_bf16, peak)
+            except Exception as e:  # a tile that does not fit (shared memory, registers) is reported
+                print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
 def row(name: str, fn, flops: int, ms_bf16: float, peak: float) -> None:
@@ -112,10 +155,12 @@ def row(name: str, fn, flops: int, ms_bf16: float, peak: float) -> None:
 def training_step(layers: int) -> None:
     """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import autoprec
+
     from gpt_model import TinyGPT, tokens
 
     idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=1024, vocab=50304))
-    print(f"\n{'training step, GPT ' + str(layers) + 'x1024':<28}{'ms':>9}{'x bf16':>8}")
+    print(f"\n{'training step, GPT ' + str(layers) + 'x1024':<28}{'ms':>9}{'x bf16':>8}{'warm-up s':>10}  FLOP shares")
     base = None
     for name, backend, options in [("bf16 (inductor)", "inductor", None), ("autoprec nvfp4", "autoprec", "nvfp4"),
                                    ("autoprec mxfp8", "autoprec", "mxfp8"), ("autoprec auto", "autoprec", "auto")]:
@@ -124,9 +169,12 @@ def training_step(layers: int) -> None:
         model = TinyGPT(vocab=50304, d=1024, layers=layers, heads=16, ctx=1024, sdpa=True).cuda().bfloat16()
         kw = {"options": {"recipe": options, "inner": "inductor"}} if options else {}
         compiled = torch.compile(model, backend=backend, **kw)
+        began = time.perf_counter()
         for _ in range(3):  # compile, calibrate (auto), plan
             compiled(idx, tgt).backward()
         torch.cuda.synchronize()
+        warmup = time.perf_counter() - began
+        shares = autoprec.plan(model).flop_share() if options else {"bf16": 1.0}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):
@@ -135,7 +183,8 @@ def training_step(layers: int) -> None:
         torch.cuda.synchronize()
         ms = start.elapsed_time(end) / 5
         base = base or ms
-        print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}")
+        share = " ".join(f"{fmt} {v:.0%}" for fmt, v in sorted(shares.items()))
+        print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}{warmup:>10.0f}  {share}")
 
 
 if __name__ == "__main__":

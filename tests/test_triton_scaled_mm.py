@@ -6,6 +6,7 @@ pytest.importorskip("triton")
 
 from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
 from autoprec.kernels.operand import as_operand
+from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
@@ -19,9 +20,11 @@ def to_device(q):
                    None if q.tensor_scale is None else q.tensor_scale.to(DEVICE), q.axis, q.shape, q.tile_rows)
 
 
-@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton], ids=["fp32_dot", "sm90_bf16_tensor_core"])
+@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton, scaled_mm_decoded],
+                ids=["fp32_dot", "sm90_bf16_tensor_core", "sm90_decoded_cublas"])
 def kernel(request):
-    """Both Triton matmuls: tiles decoded to fp32 with an fp32 dot, and decoded to bf16 for tensor cores."""
+    """The Triton matmuls (tiles decoded to fp32 with an fp32 dot, or to bf16 for tensor cores) and the
+    operands decoded to bf16 in memory for a library GEMM."""
     return request.param
 
 

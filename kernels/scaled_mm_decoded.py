@@ -1,0 +1,64 @@
+"""Block-scaled matmul as two library-grade steps, for GPUs without block-scaled MMA (sm_90): each operand
+decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact: the decode the tensor-core
+kernel does in registers, with the same range check), then cuBLAS's bf16 GEMM accumulating in fp32
+(``torch.mm(..., out_dtype=torch.float32)``). NVFP4 tensor scales multiply the fp32 product, then bias,
+then one rounding to the output dtype, in the reference's order. It equals the reference up to fp32
+accumulation order; it costs a write and a read of each operand in bf16 (and of the fp32 product when
+tensor scales or a bias are applied) next to the GEMM.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.kernels.operand import KIND_BF16, KIND_NVFP4, Operand, kernel_args
+from autoprec.kernels.scaled_mm_triton import decode_tile
+
+BLOCK_R = 64
+BLOCK_K = 64
+
+
+@triton.jit
+def _decode_kernel(codes_ptr, scales_ptr, out_ptr, R, K,
+                   KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                   HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                   IN_FP32: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    kk = tl.program_id(1) * BK + tl.arange(0, BK)
+    tile = decode_tile(codes_ptr, scales_ptr, rows, kk, R, K, KIND, EBITS, MBITS, BIAS, HAS_INF, TILE_ROWS)
+    mask = (rows < R)[:, None] & (kk < K)[None, :]
+    if IN_FP32:  # the interpreter's float casts round wrongly: keep fp32, the caller casts (exact either way)
+        tl.store(out_ptr + rows[:, None] * K + kk[None, :], tile, mask=mask)
+    else:
+        tl.store(out_ptr + rows[:, None] * K + kk[None, :], tile.to(tl.bfloat16), mask=mask)
+
+
+def decode_bf16(op: Operand) -> torch.Tensor:
+    """(rows, K) bfloat16 values ``code · block scale`` of a quantized operand (NVFP4's tensor scale left out)."""
+    if op.kind == KIND_BF16:
+        return op.codes
+    (codes, scales, _), meta = kernel_args(op)
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    out = torch.empty(op.rows, op.k, device=codes.device, dtype=torch.float32 if interpret else torch.bfloat16)
+    grid = (triton.cdiv(op.rows, BLOCK_R), triton.cdiv(op.k, BLOCK_K))
+    _decode_kernel[grid](codes, scales, out, op.rows, op.k, *meta, op.tile_rows if op.kind == KIND_NVFP4 else 1,
+                         BR=BLOCK_R, BK=BLOCK_K, IN_FP32=interpret)
+    return out.to(torch.bfloat16)
+
+
+def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked, and the tensor-core kernel's
+    ``exact_decode_problem`` is None for both."""
+    da, db = decode_bf16(a), decode_bf16(b)
+    scaled = [op.tensor_scale for op in (a, b) if op.kind == KIND_NVFP4]
+    if not scaled and bias is None and out_dtype == torch.bfloat16:
+        return torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
+    out = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else (da.float() @ db.float().t())
+    for ts in scaled:
+        out = out * ts
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)

@@ -1,0 +1,116 @@
+"""On a CUDA GPU only (skipped elsewhere; CI has none): what dispatch runs there against the CPU references.
+Quantizers byte for byte at sizes the autotuned tiles cover several times over, the matmul paths to fp32
+accumulation order, and compiled training steps against the same steps on the CPU."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from autoprec.kernels import dispatch, quantize_ref
+from autoprec.kernels.operand import as_operand
+from autoprec.kernels.quantized import QuantCopy
+from autoprec.kernels.random_bits import sr_stream
+
+from gpt_model import TinyGPT, tokens
+from helpers import bits_equal, edge_tensor
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SEED = sr_stream(5, 11)
+
+
+def on(q, device):
+    ts = None if q.tensor_scale is None else q.tensor_scale.to(device)
+    return replace(q, codes=q.codes.to(device), scales=q.scales.to(device), tensor_scale=ts)
+
+
+def same(got, want) -> bool:
+    got = on(got, "cpu")
+    fields = ("codes", "scales") + (("tensor_scale",) if want.tensor_scale is not None else ())
+    return all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields) and got.shape == want.shape
+
+
+def gpu_and_ref(monkeypatch, fn, x):
+    """``fn`` on the GPU copy of ``x`` in auto mode, then on ``x`` with the reference kernels."""
+    got = fn(x.cuda())
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    return got, fn(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt,axis,opts", [
+    ("nvfp4", 1, {}), ("nvfp4", 0, {}), ("nvfp4", 1, {"tile2d": True}),
+    ("nvfp4", 1, {"rounding": "sr", "seed": SEED}), ("nvfp4", 0, {"rounding": "sr", "seed": SEED, "rht": True}),
+    ("mxfp8", 1, {}), ("mxfp8", 0, {"scale_mode": "floor"}), ("mxfp8_e5m2", 1, {"rounding": "sr", "seed": SEED}),
+])
+def test_gpu_quantize_equals_reference(monkeypatch, dtype, fmt, axis, opts):
+    x = edge_tensor(768, 1536).to(dtype)
+    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize(t, fmt, axis, **opts), x)
+    assert same(got, want)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt):
+    x = edge_tensor(1024, 768).bfloat16()
+    rows, cols = QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True)
+    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, rows, cols), x)
+    assert same(got[0], want[0]) and same(got[1], want[1])
+
+
+@pytest.mark.parametrize("fa,fb,path", [
+    ("nvfp4", "nvfp4", "tensor_core"), ("mxfp8", "mxfp8", "tensor_core"), ("mxfp8", "nvfp4", "tensor_core"),
+    ("mxfp8", "mxfp8_e5m2", "tensor_core"),
+])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, path, out_dtype):
+    gen = torch.Generator().manual_seed(2)
+    a, b, bias = torch.randn(300, 1024, generator=gen), torch.randn(1024, 200, generator=gen), torch.randn(200)
+    qa, qb = quantize_ref(a, fa, 1), quantize_ref(b, fb, 0)
+    got_path, _ = dispatch.gemm_path(torch.cuda.get_device_capability(), as_operand(on(qa, "cuda"), 1, "a"),
+                                     as_operand(on(qb, "cuda"), 0, "b"))
+    capability = torch.cuda.get_device_capability()
+    assert got_path == ("native" if capability >= (10, 0) and fa[:5] == fb[:5] else path)
+    got = dispatch.scaled_mm(on(qa, "cuda"), on(qb, "cuda"), bias.cuda(), out_dtype).cpu()
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = dispatch.scaled_mm(qa, qb, bias, torch.float32)
+    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
+    assert got.dtype == out_dtype
+    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_gpu_fp8_dot_for_scales_outside_bf16(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randn(256, 512, generator=gen) * 2.0**-125, torch.randn(512, 128, generator=gen)
+    qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
+    got = dispatch.scaled_mm(on(qa, "cuda"), on(qb, "cuda")).cpu()
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = dispatch.scaled_mm(qa, qb)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def step(device: str, recipe: str, inner: str) -> list[torch.Tensor]:
+    """Loss and gradients of three compiled training steps of a small GPT on ``device``."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).to(device)
+    compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe, "inner": inner})
+    idx, tgt = (t.to(device) for t in tokens(batch=8, ctx=128, vocab=512))
+    losses = []
+    for _ in range(3):  # the auto recipe calibrates on the first step
+        model.zero_grad()
+        loss = compiled(idx, tgt)
+        loss.backward()
+        losses.append(loss.detach())
+    return [torch.stack(losses), *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8", "auto"])
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_gpu_training_steps_match_the_cpu(fresh_dynamo, recipe, inner):
+    """The same plan on the GPU's kernels and on the CPU's: products differ only in fp32 accumulation order
+    (and inductor's fusions), so losses agree closely and gradients point the same way."""
+    gpu = [t.cpu() for t in step("cuda", recipe, inner)]
+    cpu = step("cpu", recipe, "aot_eager")
+    assert torch.allclose(gpu[0], cpu[0], rtol=2e-3)
+    for g, c in zip(gpu[1:], cpu[1:]):
+        cos = torch.nn.functional.cosine_similarity(g.flatten(), c.flatten(), dim=0)
+        assert cos > 0.99, f"gradient cosine {cos:.4f}"
