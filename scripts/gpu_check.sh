@@ -7,7 +7,7 @@
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 cd "$(dirname "$0")/.."
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, print its tail and time
