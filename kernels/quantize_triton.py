@@ -36,8 +36,15 @@ CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in ((B
                                                                              (16, 128, 8))]
 
 
-def _configs() -> list[triton.Config]:
-    return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else CONFIGS
+# On an H200 (Triton 3.6) the MXFP8 kernel at the first tile wrote wrong scales for blocks read down a strided
+# dim (blocks along dim 0, or a transposed view; 64% of the scales of a 768x1536 tensor) while the other two
+# tiles were exact on the same inputs; the interpreter is exact at every tile. The cause is not known, so on a
+# GPU the MXFP8 kernel is tuned over the tiles that were exact there.
+MXFP8_GPU_CONFIGS = CONFIGS[1:]
+
+
+def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
+    return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else gpu
 
 
 @triton.jit
@@ -93,7 +100,7 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
     return tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0)
 
 
-@triton.autotune(configs=_configs(), key=["R", "K", "RHT", "SR", "TILE2D"])
+@triton.autotune(configs=_configs(CONFIGS), key=["R", "K", "RHT", "SR", "TILE2D"])
 @triton.jit
 def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
                   R, K, s_r, s_k, r_r, r_k,
@@ -151,7 +158,7 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_pt
     tl.store(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
 
 
-@triton.autotune(configs=_configs(), key=["R", "K", "RHT", "SR"])
+@triton.autotune(configs=_configs(MXFP8_GPU_CONFIGS), key=["R", "K", "RHT", "SR"])
 @triton.jit
 def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                   EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
