@@ -6,8 +6,9 @@
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies from one read.
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
-the same shape; each row names the path dispatch took (native, tensor_core, fp8_dot, fp32), and MXFP8 also
-runs the FP8-dot kernel, to decide which MXFP8 should use on sm_90. The step is one forward+backward of a
+the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
+decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
+at several tiles). The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
 nvfp4, mxfp8 and auto plans (inner inductor).
 The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize
@@ -89,8 +90,7 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.dispatch import gemm_path
     from autoprec.kernels.operand import as_operand
-    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded
-    from autoprec.kernels.scaled_mm_fp8_triton import scaled_mm_fp8_triton
+    from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -108,13 +108,10 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
         if fmt != "bf16":  # with both operands' quantization, as a step runs it (TE's "with quantization")
             row("  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
                                                         out_dtype=torch.bfloat16), flops, ms_bf16, peak)
-        if fmt != "bf16":  # the other sm_90 design: operands decoded to bf16 in memory, then cuBLAS
-            da, db = as_operand(a, 1, "a"), as_operand(b, 0, "b")
-            row("  decoded + cuBLAS", lambda: scaled_mm_decoded(da, db, None, torch.bfloat16), flops, ms_bf16, peak)
-        if fmt == "mxfp8":  # the FP8-dot kernel next to it, to decide which one MXFP8 should use on sm_90
+        if fmt != "bf16" and path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
             oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
-            row("autoprec mxfp8 (fp8_dot)", lambda: scaled_mm_fp8_triton(oa, ob, None, torch.bfloat16), flops,
-                ms_bf16, peak)
+            row("  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
+                peak)
 
 
 SWEEP = [(128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 128, 64, 4, 3),

@@ -109,7 +109,10 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     reads x once for both; elsewhere (CPU, shapes it does not take) they are two quantizations."""
     fmt = get_format(fmt)
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
-    if _use_triton(x.device, problem):
+    # On an H200 the one-read kernel's columnwise copy of a gradient pair (SR on both copies, RHT on the
+    # transposed one, bf16 input with edge blocks) differed from the reference while each copy quantized alone
+    # was exact (tests/test_gpu_cuda.py), so a GPU runs the two single quantizers until that is understood.
+    if _use_triton(x.device, problem) and x.device.type != "cuda":
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 
         return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs)
@@ -215,14 +218,14 @@ def scaled_mm(
         path, _ = gemm_path(capability, oa, ob)
         if path == "native":
             return scaled_mm_native(oa, ob, bias, out_dtype)
+        if path == "decoded":
+            from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded
+
+            return scaled_mm_decoded(oa, ob, bias, out_dtype)
         if path == "tensor_core":
             from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
             return scaled_mm_tc_triton(oa, ob, bias, out_dtype)
-        if path == "fp8_dot":
-            from autoprec.kernels.scaled_mm_fp8_triton import scaled_mm_fp8_triton
-
-            return scaled_mm_fp8_triton(oa, ob, bias, out_dtype)
         from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
         return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
@@ -230,12 +233,14 @@ def scaled_mm(
 
 
 def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tuple[str, str | None]:
-    """Which GPU matmul runs these operands on a device of this compute capability, and why the path before
-    it in this order was not taken (None for the first): ``native`` (cuBLAS's block-scaled GEMM, sm_100 and
-    later, in ``auto`` mode), ``tensor_core`` (Triton, tiles decoded to bf16), ``fp8_dot`` (Triton, MXFP8 codes
-    on FP8 tensor cores: for MXFP8 scales outside bf16's exact range) or ``fp32`` (Triton, tiles in fp32)."""
-    from autoprec.kernels.scaled_mm_fp8_triton import fp8_dot_problem  # Triton: imported where it runs
-    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
+    """Which matmul runs these operands on a GPU of this compute capability (None: the Triton interpreter), and
+    why the path before it in this order was not taken (None for the first). In ``auto`` mode: ``native``
+    (cuBLAS's block-scaled GEMM, sm_100 and later), else ``decoded`` (operands decoded to bf16, then cuBLAS's
+    bf16 GEMM); with ``AUTOPREC_KERNELS=triton`` or in the interpreter, ``tensor_core`` (Triton, tiles decoded
+    to bf16 in registers). MXFP8 scales outside bf16's exact range take ``fp32`` (Triton, tiles in fp32).
+    On an H200 the decoded path ran at 0.62-0.94x torch's bf16 matmul and the in-register one at 0.03-0.11x
+    (benchmarks/kernels_gpu.py; README's GPU section)."""
+    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem  # Triton: imported where it runs
 
     why = None
     if capability is not None and capability >= NATIVE_CAPABILITY:
@@ -243,10 +248,11 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
         if why is None:
             return "native", None
     inexact = exact_decode_problem(a) or exact_decode_problem(b)
-    if not inexact:
-        return "tensor_core", why
-    no_fp8 = fp8_dot_problem(a, b)
-    return ("fp32", f"{inexact}; {no_fp8}") if no_fp8 else ("fp8_dot", inexact)
+    if inexact:
+        return "fp32", why and f"{why}; {inexact}" or inexact
+    if capability is None or kernel_mode() == "triton":
+        return "tensor_core", why or ("the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton")
+    return "decoded", why
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:

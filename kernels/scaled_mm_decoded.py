@@ -1,8 +1,9 @@
 """Block-scaled matmul as two library-grade steps, for GPUs without block-scaled MMA (sm_90): each operand
 decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact: the decode the tensor-core
 kernel does in registers, with the same range check), then cuBLAS's bf16 GEMM accumulating in fp32
-(``torch.mm(..., out_dtype=torch.float32)``). NVFP4 tensor scales multiply the fp32 product, then bias,
-then one rounding to the output dtype, in the reference's order. It equals the reference up to fp32
+(``torch.mm(..., out_dtype=torch.float32)``). One Triton pass then multiplies the fp32 product by the NVFP4
+tensor scales, adds the bias and rounds once to the output dtype, in the reference's order (MXFP8 without
+bias to bf16 skips it: cuBLAS rounds its accumulator once). It equals the reference up to fp32
 accumulation order; it costs a write and a read of each operand in bf16 (and of the fp32 product when
 tensor scales or a bias are applied) next to the GEMM.
 """
@@ -15,10 +16,11 @@ import triton
 import triton.language as tl
 
 from autoprec.kernels.operand import KIND_BF16, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_triton import decode_tile
+from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, store_tile
 
 BLOCK_R = 64
 BLOCK_K = 64
+EPILOGUE_M, EPILOGUE_N = 32, 128
 
 
 @triton.jit
@@ -34,6 +36,18 @@ def _decode_kernel(codes_ptr, scales_ptr, out_ptr, R, K,
         tl.store(out_ptr + rows[:, None] * K + kk[None, :], tile, mask=mask)
     else:
         tl.store(out_ptr + rows[:, None] * K + kk[None, :], tile.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _epilogue_kernel(acc_ptr, a_ts, b_ts, bias_ptr, out_ptr, M, N, A_KIND: tl.constexpr, B_KIND: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The fused kernel's epilogue on cuBLAS's fp32 product: tensor scales, bias, one rounding."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    acc = tl.load(acc_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0)
+    store_tile(apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND), bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS,
+               OUT_BF16)
 
 
 def decode_bf16(op: Operand) -> torch.Tensor:
@@ -53,12 +67,15 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
     """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked, and the tensor-core kernel's
     ``exact_decode_problem`` is None for both."""
     da, db = decode_bf16(a), decode_bf16(b)
-    scaled = [op.tensor_scale for op in (a, b) if op.kind == KIND_NVFP4]
-    if not scaled and bias is None and out_dtype == torch.bfloat16:
+    if a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16:
         return torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
-    out = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else (da.float() @ db.float().t())
-    for ts in scaled:
-        out = out * ts
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(out_dtype)
+    acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
+    m, n = acc.shape
+    out = torch.empty(m, n, device=acc.device, dtype=out_dtype)
+    ts = [op.tensor_scale if op.kind == KIND_NVFP4 else acc for op in (a, b)]
+    grid = (triton.cdiv(m, EPILOGUE_M), triton.cdiv(n, EPILOGUE_N))
+    _epilogue_kernel[grid](acc, *ts, bias if bias is not None else acc,
+                           out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
+                           HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
+                           BN=EPILOGUE_N)
+    return out

@@ -1,7 +1,8 @@
 """Compile every GPU kernel for sm_90 and sm_100 without a GPU and report, as JSON on stdout, whether its
 PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the tensor-core GEMM
-(NVFP4 and MXFP8 operands), the MXFP8 FP8-dot GEMM, the fp32 GEMM, and the quantizers (SR and RHT on). Run in a
-process without TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py``."""
+(NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS GEMM,
+and the quantizers (SR and RHT on). Run in a process without TRITON_INTERPRET (the interpreter replaces
+Triton's compiler): ``python tests/ptx_report.py``."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from triton.compiler import ASTSource
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_triton as qt
-from autoprec.kernels import scaled_mm_fp8_triton as f8
+from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
 
@@ -60,12 +61,17 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
                                         "DOT": fp32.DOT_FP32}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
-    fp8_ptrs = {k: v for k, v in POINTERS.items() if not k.endswith("_ts")}
-    for name, b_e5m2 in (("fp8_gemm_e4m3", False), ("fp8_gemm_e4m3_e5m2", True)):
-        const = {"A_E5M2": False, "B_E5M2": b_e5m2, "HAS_BIAS": True, "OUT_BF16": True, "BM": f8.BLOCK_M,
-                 "BN": f8.BLOCK_N, "IN_FP32": False}
-        options = {"num_warps": f8.NUM_WARPS, "num_stages": f8.NUM_STAGES}
-        out.append((name, f8.fp8_gemm_kernel, fp8_ptrs, const, options))
+    for f in ("nvfp4", "mxfp8"):  # the decoded + cuBLAS path's decode, and its epilogue
+        elem = get_format(f).elem
+        const = {"KIND": KINDS[f], "EBITS": elem.ebits, "MBITS": elem.mbits, "BIAS": elem.bias, "HAS_INF": False,
+                 "TILE_ROWS": 1, "BR": dec.BLOCK_R, "BK": dec.BLOCK_K, "IN_FP32": False}
+        out.append((f"decode_{f}", dec._decode_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8",
+                                                        "out_ptr": "*bf16", "R": "i32", "K": "i32"}, const, {}))
+    epilogue = {"acc_ptr": "*fp32", "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16",
+                "M": "i32", "N": "i32"}
+    out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,
+                                                              "OUT_BF16": True, "BM": dec.EPILOGUE_M,
+                                                              "BN": dec.EPILOGUE_N}, {}))
     nvfp4 = QUANT_POINTERS | {"senc6_ptr": "*fp32", "sdec_ptr": "*fp32"} | SIZES
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
           "FLOOR": False, "SR": True}
@@ -117,9 +123,8 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
     src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const)
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
-    fp8_mma = re.search(r"wgmma\.mma_async\S*\.e4m3\.e[45]m[23]|tcgen05\.mma\S*kind::f8f6f4", ptx) is not None
     return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
-            "fp8_mma": fp8_mma, "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
+            "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 

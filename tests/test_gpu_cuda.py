@@ -6,8 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from autoprec.formats import get_format
 from autoprec.kernels import dispatch, quantize_ref
 from autoprec.kernels.operand import as_operand
+from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
@@ -48,27 +50,36 @@ def test_gpu_quantize_equals_reference(monkeypatch, dtype, fmt, axis, opts):
     assert same(got, want)
 
 
+GRADIENT_PAIR = (QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True))
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt):
     x = edge_tensor(1024, 768).bfloat16()
-    rows, cols = QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True)
-    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, rows, cols), x)
+    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, *GRADIENT_PAIR), x)
     assert same(got[0], want[0]) and same(got[1], want[1])
 
 
-@pytest.mark.parametrize("fa,fb,path", [
-    ("nvfp4", "nvfp4", "tensor_core"), ("mxfp8", "mxfp8", "tensor_core"), ("mxfp8", "nvfp4", "tensor_core"),
-    ("mxfp8", "mxfp8_e5m2", "tensor_core"),
-])
+@pytest.mark.xfail(reason="on an H200 the one-read kernel's columnwise copy of this pair differed from the reference "
+                          "(dispatch runs two single quantizers on a GPU until that is understood)", strict=False)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_one_read_kernel_equals_two_references(monkeypatch, fmt):
+    x = edge_tensor(1024, 768).bfloat16()
+    kernel = quantize_dual_triton(x.cuda(), get_format(fmt), *GRADIENT_PAIR)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = dispatch.quantize_dual(x, fmt, *GRADIENT_PAIR)
+    assert same(kernel[0], want[0]) and same(kernel[1], want[1])
+
+
+@pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("mxfp8", "nvfp4"), ("mxfp8", "mxfp8_e5m2")])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, path, out_dtype):
+def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
     gen = torch.Generator().manual_seed(2)
     a, b, bias = torch.randn(300, 1024, generator=gen), torch.randn(1024, 200, generator=gen), torch.randn(200)
     qa, qb = quantize_ref(a, fa, 1), quantize_ref(b, fb, 0)
-    got_path, _ = dispatch.gemm_path(torch.cuda.get_device_capability(), as_operand(on(qa, "cuda"), 1, "a"),
-                                     as_operand(on(qb, "cuda"), 0, "b"))
     capability = torch.cuda.get_device_capability()
-    assert got_path == ("native" if capability >= (10, 0) and fa[:5] == fb[:5] else path)
+    path, _ = dispatch.gemm_path(capability, as_operand(on(qa, "cuda"), 1, "a"), as_operand(on(qb, "cuda"), 0, "b"))
+    assert path == ("native" if capability >= (10, 0) and fa[:5] == fb[:5] else "decoded")
     got = dispatch.scaled_mm(on(qa, "cuda"), on(qb, "cuda"), bias.cuda(), out_dtype).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb, bias, torch.float32)
@@ -77,7 +88,7 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, path, out_dtype):
     assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
-def test_gpu_fp8_dot_for_scales_outside_bf16(monkeypatch):
+def test_gpu_mxfp8_scales_outside_bf16_take_the_fp32_kernel(monkeypatch):
     gen = torch.Generator().manual_seed(4)
     a, b = torch.randn(256, 512, generator=gen) * 2.0**-125, torch.randn(512, 128, generator=gen)
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)

@@ -109,12 +109,14 @@ def test_sm100_native_problems_are_named(fa, fb, n, k, why):
 
 
 def test_gemm_path_by_capability(monkeypatch):
-    """sm_100 -> native; sm_90, or an operand pair the native GEMM does not take -> Triton on tensor cores;
-    a forced Triton run stays on Triton."""
+    """sm_100 -> native; sm_90, or an operand pair the native GEMM does not take -> decoded to bf16 for
+    cuBLAS; the interpreter, or a forced Triton run -> Triton on tensor cores."""
     a, b = operands("nvfp4", "nvfp4")
     assert dispatch.gemm_path((10, 0), a, b) == ("native", None)
-    assert dispatch.gemm_path((9, 0), a, b) == ("tensor_core", None)
+    assert dispatch.gemm_path((9, 0), a, b) == ("decoded", None)
+    assert dispatch.gemm_path(None, a, b) == ("tensor_core", "the Triton interpreter")
     path, why = dispatch.gemm_path((10, 0), *operands("nvfp4", "nvfp4", n=40))
-    assert path == "tensor_core" and "N=40" in why
+    assert path == "decoded" and "N=40" in why
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     assert dispatch.gemm_path((10, 0), a, b) == ("tensor_core", "AUTOPREC_KERNELS=triton")
+    assert dispatch.gemm_path((9, 0), a, b) == ("tensor_core", "AUTOPREC_KERNELS=triton")

@@ -1,6 +1,7 @@
 """Every GPU kernel compiled for sm_90 and sm_100 on this CPU machine: the tensor-core GEMM's PTX uses
-tensor-core MMA, and every cubin fits the parts' registers and shared memory. The GEMM's bf16 decode is
-exact or it hands over to the fp32 kernel. (Numerics against the reference: test_triton_scaled_mm.py.)"""
+tensor-core MMA, and every cubin (the decode and epilogue kernels of the decoded + cuBLAS path too) fits the
+parts' registers and shared memory. The GEMM's bf16 decode is exact or it hands over to the fp32 kernel.
+(Numerics against the reference: test_triton_scaled_mm.py.)"""
 import json
 import os
 import subprocess
@@ -43,12 +44,6 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
     assert len(gemms(ptx_report, 100)) == 2 and all(r["tcgen05"] for r in gemms(ptx_report, 100))
 
 
-def test_ptx_sm90_and_sm100_fp8_dot_uses_fp8_mma(ptx_report):
-    fp8 = [r for r in ptx_report if r["kernel"].startswith("fp8_gemm")]
-    assert len(fp8) == 4 and all(r["fp8_mma"] for r in fp8)
-    assert all(r["wgmma"] for r in fp8 if r["cap"] == 90) and all(r["tcgen05"] for r in fp8 if r["cap"] == 100)
-
-
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
     quant = [r for r in ptx_report if r["kernel"].startswith(("quantize_nvfp4", "quantize_mxfp8"))]
     assert len(quant) == 8 + 4 * (len(QUANT_CONFIGS) - 1)
@@ -58,7 +53,8 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
 
 
 def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
-    assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "quantize_nvfp4", "quantize_mxfp8", "quantize_amax",
+    assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "decode_nvfp4", "decode_mxfp8", "epilogue",
+                                                 "quantize_nvfp4", "quantize_mxfp8", "quantize_amax",
                                                  "quantize_nvfp4_hashed", "quantize_mxfp8_hashed"}
     for r in ptx_report:
         assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
@@ -86,7 +82,11 @@ def test_sm90_dispatch_falls_back_where_bf16_is_not_exact(monkeypatch):
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     a = torch.randn(8, 64) * 2.0**-125  # scale exponents near -133: below bf16's normal range
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(torch.randn(64, 16), "mxfp8", 0)
-    assert exact_decode_problem(as_operand(qa, 1, "a"))
+    oa, ob = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
+    assert exact_decode_problem(oa)
+    for capability in (None, (9, 0)):
+        path, why = dispatch.gemm_path(capability, oa, ob)
+        assert path == "fp32" and "bf16's exact range" in why
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb)
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
