@@ -3,9 +3,9 @@
 
 The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native block-scaled GEMM
 (``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands;
-else Triton on tensor cores (tiles decoded to bf16 in registers, a bf16 ``tl.dot``: ``wgmma`` on sm_90)
-whenever the decode is exact; MXFP8 pairs whose scale exponents leave bf16's range run their FP8 codes on FP8
-tensor cores with the scales on the partial sums, and what neither takes the fp32 Triton kernel.
+else, whenever the bf16 decode is exact, the operands decoded to bf16 for cuBLAS's bf16 GEMM
+(``scaled_mm_decoded``; in the interpreter or with ``AUTOPREC_KERNELS=triton``, Triton on tensor cores with
+tiles decoded in registers); MXFP8 pairs whose scale exponents leave bf16's range take the fp32 Triton kernel.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.

@@ -6,7 +6,7 @@ bfloat16 — ``code · block scale`` with NVFP4's tensor scale left out — and 
 accumulator once at the end, then bias and the output cast. The decode is exact: an E2M1 value times an
 E4M3 scale has at most 6 significant bits and lies in [2^-10, 2688], and an E4M3 / E5M2 element times an
 E8M0 scale is a bf16 number while the scale exponent keeps it in bf16's normal range
-(``exact_decode_problem`` checks that on the host; the FP8 dot or the fp32 dot takes the rest). The result
+(``exact_decode_problem`` checks that on the host; the fp32 dot takes the rest). The result
 equals the reference up to fp32 accumulation order.
 """
 from __future__ import annotations
