@@ -230,6 +230,23 @@ def write_json(results: list[dict], args) -> None:
                                                         "results": results}, indent=1))
 
 
+PROTOCOL = ("layers", "d", "ctx", "batch", "steps", "lr", "val_batches", "moe")
+
+
+def earlier_results(args) -> list[dict]:
+    """The runs of --out's quality.json, made under the same protocol settings (else a ValueError naming the
+    setting that differs): rows and seeds already there are not run again."""
+    path = args.out / "quality.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    for key in PROTOCOL:
+        if saved["args"].get(key) != str(getattr(args, key)):
+            raise ValueError(f"--resume: {path} was run with {key}={saved['args'].get(key)}, this run has "
+                             f"{key}={getattr(args, key)}")
+    return saved["results"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt,llama")
@@ -245,6 +262,8 @@ def main() -> None:
     parser.add_argument("--moe", type=int, default=0, help="experts per MoE MLP of the GPT (0: dense MLPs)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 2 seeds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs of --out/quality.json (same settings) and run only the missing ones")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, 2, 1
@@ -253,15 +272,16 @@ def main() -> None:
     for r in recipes:
         recipe_options(r, args.steps, 1.0)  # an unknown row fails before any training
     data = split(stdlib_bytes())
-    results = []
+    results = earlier_results(args) if args.resume else []
     with Progress() as progress:
         for family in families:
-            for seed in range(args.seeds):
-                nvidia = None
-                for recipe in recipes:
+            for recipe in recipes:  # row by row: a run cut short has every seed of its first rows
+                for seed in range(args.seeds):
+                    if any(r["model"] == family and r["recipe"] == recipe and r["seed"] == seed for r in results):
+                        continue
+                    nvidia = next((r["at_scale"] for r in results if r["model"] == family and r["seed"] == seed
+                                   and r["recipe"] == "nvfp4_nvidia"), None)
                     results.append(run(family, recipe, seed, args, data, progress, nvidia))
-                    if recipe == "nvfp4_nvidia":
-                        nvidia = results[-1]["at_scale"]
                     write_json(results, args)  # after every run: a long run cut short keeps what it measured
     moe = f", MoE {args.moe} experts top-2" if args.moe else ""
     print(f"{args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}, {args.steps} steps, "
