@@ -1,7 +1,7 @@
 """GPU throughput of the Triton kernels and of a planned training step.
 
     python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24]
-                                     [--no-step | --step-only]
+                                     [--no-step | --step-only] [--profile]
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies from one read.
@@ -33,12 +33,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24, help="layers of the d=1024 GPT timed for one step")
     parser.add_argument("--no-step", action="store_true", help="skip the training-step comparison")
     parser.add_argument("--sweep", action="store_true", help="time the tensor-core GEMM's tile configurations")
+    parser.add_argument("--profile", action="store_true", help="profile one step of each plan (top GPU ops)")
     parser.add_argument("--step-only", action="store_true", help="only the training-step comparison")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (the CPU interpreter is for tests only)")
     if args.step_only:
-        training_step(args.layers)
+        training_step(args.layers, args.profile)
         return
     import triton.testing
 
@@ -80,7 +81,7 @@ def main() -> None:
     if args.sweep:
         sweep(8192, 8192, 2048, args.bf16_tflops)
     if not args.no_step:
-        training_step(args.layers)
+        training_step(args.layers, args.profile)
 
 
 def matmuls(m: int, n: int, k: int, peak: float) -> None:
@@ -149,8 +150,9 @@ def row(name: str, fn, flops: int, ms_bf16: float, peak: float) -> None:
     print(f"{name:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%")
 
 
-def training_step(layers: int) -> None:
-    """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor)."""
+def training_step(layers: int, profile: bool = False) -> None:
+    """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor);
+    ``profile``: each plan's step also profiled once."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import autoprec
 
@@ -182,6 +184,20 @@ def training_step(layers: int) -> None:
         base = base or ms
         share = " ".join(f"{fmt} {v:.0%}" for fmt, v in sorted(shares.items()))
         print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}{warmup:>10.0f}  {share}")
+        if profile and options:
+            profile_step(lambda: compiled(idx, tgt).backward(), name)
+
+
+def profile_step(step, name: str) -> None:
+    """The GPU kernels and host ops of one step, by GPU time (torch.profiler), to see where a plan's time goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(f"\n{name}: one step's top ops by GPU time")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":
