@@ -111,6 +111,16 @@ def test_hashed_bits_of_indices_past_2_to_the_32():
         [(mix32(mix32(i ^ k1) ^ k2) >> 8) for i in range(15)]))
 
 
+def test_nvfp4_rounds_every_tie_to_even():
+    """Values landing exactly on each E2M1 midpoint (and beside it), through a power-of-two tensor scale:
+    amax 5.25 gives S_enc 512 and the second row's block scale 256, so its values are scaled by exactly 2."""
+    x = torch.zeros(2, 32)
+    x[0, 0] = 5.25
+    mids = torch.tensor([0.125, 0.375, 0.625, 0.875, 1.25, 1.75, 2.5, 3.0])  # x2: 0.25, 0.75, ... 5, 6
+    x[1] = torch.cat([mids, -mids, mids * (1 + 2.0**-20), -mids * (1 - 2.0**-20)])
+    check(x, "nvfp4", 1, False, False)
+
+
 def test_all_zero_and_all_nan_tensors():
     check(torch.zeros(16, 32), "nvfp4", 1, False, False)
     check(torch.full((16, 32), float("nan")), "nvfp4", 1, False, False)
