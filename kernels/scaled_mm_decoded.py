@@ -2,9 +2,10 @@
 decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact: the decode the tensor-core
 kernel does in registers, with the same range check), then cuBLAS's bf16 GEMM accumulating in fp32
 (``torch.mm(..., out_dtype=torch.float32)``). One Triton pass then multiplies the fp32 product by the NVFP4
-tensor scales, adds the bias and rounds once to the output dtype, in the reference's order (MXFP8 without
-bias to bf16 skips it: cuBLAS rounds its accumulator once). It equals the reference up to fp32
-accumulation order; it costs a write and a read of each operand in bf16 (and of the fp32 product when
+tensor scales, adds the bias and rounds once to the output dtype, in the reference's order. MXFP8 without
+bias to bf16 skips that pass (cuBLAS rounds its fp32 accumulator once) when
+``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction`` is off: torch's default lets cuBLAS
+add split-K partial sums in bf16. It equals the reference up to fp32 accumulation order; it costs a write and a read of each operand in bf16 (and of the fp32 product when
 tensor scales or a bias are applied) next to the GEMM.
 """
 from __future__ import annotations
@@ -67,7 +68,8 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
     """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked, and the tensor-core kernel's
     ``exact_decode_problem`` is None for both."""
     da, db = decode_bf16(a), decode_bf16(b)
-    if a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16:
+    if (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16
+            and not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction):
         return torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
     acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
     m, n = acc.shape
