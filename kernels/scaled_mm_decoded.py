@@ -5,8 +5,8 @@ kernel does in registers, with the same range check), then cuBLAS's bf16 GEMM ac
 tensor scales, adds the bias and rounds once to the output dtype, in the reference's order. MXFP8 without
 bias to bf16 skips that pass (cuBLAS rounds its fp32 accumulator once) when
 ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction`` is off: torch's default lets cuBLAS
-add split-K partial sums in bf16. It equals the reference up to fp32 accumulation order; it costs a write and a read of each operand in bf16 (and of the fp32 product when
-tensor scales or a bias are applied) next to the GEMM.
+add split-K partial sums in bf16. It equals the reference up to fp32 accumulation order; it costs a write
+and a read of each operand in bf16 (and of the fp32 product when the epilogue runs) next to the GEMM.
 """
 from __future__ import annotations
 
