@@ -109,6 +109,12 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
         if fmt != "bf16":  # with both operands' quantization, as a step runs it (TE's "with quantization")
             row("  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
                                                         out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+        if fmt == "mxfp8" and path == "decoded":  # cuBLAS writes bf16 itself once bf16 split-K sums are off
+            matmul = torch.backends.cuda.matmul
+            allowed = matmul.allow_bf16_reduced_precision_reduction
+            matmul.allow_bf16_reduced_precision_reduction = False
+            row("  no bf16 split-K sums", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+            matmul.allow_bf16_reduced_precision_reduction = allowed
         if fmt != "bf16" and path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
             oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
             row("  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
