@@ -54,5 +54,18 @@ def test_quality_benchmark_moe_option(tmp_path):
     out = run("benchmarks/quality.py", "--quick", "--seeds", "1", "--models", "gpt", "--recipes", "bf16,nvfp4",
               "--moe", "4", "--out", str(tmp_path))
     assert "MoE 4 experts top-2" in out
-    rows = {r["recipe"]: r for r in json.loads((tmp_path / "quality.json").read_text())["results"]}
+    first = json.loads((tmp_path / "quality.json").read_text())["results"]
+    rows = {r["recipe"]: r for r in first}
     assert ("blocks.0.mlp", "fprop", "nvfp4") in map(tuple, rows["nvfp4"]["formats"])
+    # --resume keeps those runs and adds only the new row; other protocol settings are refused by name
+    out = run("benchmarks/quality.py", "--quick", "--seeds", "1", "--models", "gpt", "--recipes", "bf16,nvfp4,mxfp8",
+              "--moe", "4", "--out", str(tmp_path), "--resume")
+    resumed = json.loads((tmp_path / "quality.json").read_text())["results"]
+    assert [r["recipe"] for r in resumed] == ["bf16"] * 2 + ["nvfp4"] * 2 + ["mxfp8"] * 2  # --quick: 2 seeds
+    assert resumed[:4] == first
+    assert "mxfp8 " in out
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    refused = subprocess.run([sys.executable, "benchmarks/quality.py", "--quick", "--seeds", "1", "--models", "gpt",
+                              "--recipes", "bf16", "--out", str(tmp_path), "--resume"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "was run with moe=4, this run has moe=0" in refused.stderr
