@@ -105,8 +105,9 @@ def quantize(
 def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
                   rht_signs: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
     """Both copies of 2D ``x``: rowwise (blocks along dim 1) and columnwise (along dim 0), each the bytes
-    ``quantize`` makes of its source (x, or x.t() for a copy with ``transposed_source``). The Triton kernel
-    reads x once for both; elsewhere (CPU, shapes it does not take) they are two quantizations."""
+    ``quantize`` makes of its source (x, or x.t() for a copy with ``transposed_source``). The one-read Triton
+    kernel runs in the interpreter (``AUTOPREC_KERNELS=triton``); elsewhere (CPU, a GPU for now, shapes it does
+    not take) they are two quantizations."""
     fmt = get_format(fmt)
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
     # On an H200 the one-read kernel's columnwise copy of a gradient pair (SR on both copies, RHT on the
@@ -249,7 +250,7 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
             return "native", None
     inexact = exact_decode_problem(a) or exact_decode_problem(b)
     if inexact:
-        return "fp32", why and f"{why}; {inexact}" or inexact
+        return "fp32", "; ".join(r for r in (why, inexact) if r)
     if capability is None or kernel_mode() == "triton":
         return "tensor_core", why or ("the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton")
     return "decoded", why

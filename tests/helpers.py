@@ -1,6 +1,8 @@
 """Shared test helpers."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 
@@ -29,3 +31,9 @@ def edge_tensor(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     x[6, 0] = 3e38
     x[7, 33] = -0.0
     return x
+
+
+def to_device(q, device):
+    """A QuantizedTensor with its codes, scales and tensor scale moved to ``device``."""
+    ts = None if q.tensor_scale is None else q.tensor_scale.to(device)
+    return replace(q, codes=q.codes.to(device), scales=q.scales.to(device), tensor_scale=ts)

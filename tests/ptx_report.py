@@ -27,10 +27,15 @@ POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u
 KINDS = {"nvfp4": 0, "mxfp8": 1, "mxfp8_e5m2": 1, "bf16": 2}
 
 
-def constexprs(fmt: str) -> dict:
+def operand_meta(fmt: str) -> dict:
+    """The constexprs describing one operand's format (``kernel_args``'s meta)."""
     elem = get_format(fmt).elem
-    meta = {"KIND": KINDS[fmt], "EBITS": elem.ebits, "MBITS": elem.mbits, "BIAS": elem.bias,
+    return {"KIND": KINDS[fmt], "EBITS": elem.ebits, "MBITS": elem.mbits, "BIAS": elem.bias,
             "INF": fmt == "mxfp8_e5m2"}
+
+
+def constexprs(fmt: str) -> dict:
+    meta = operand_meta(fmt)
     out = {f"A_{k}": v for k, v in meta.items()} | {f"B_{k}": v for k, v in meta.items()}
     return out | {"B_TILE_ROWS": 1, "HAS_BIAS": True, "OUT_BF16": True, "BM": tc.BLOCK_M, "BN": tc.BLOCK_N,
                   "BK": tc.BLOCK_K}
@@ -62,9 +67,9 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                                         "DOT": fp32.DOT_FP32}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
     for f in ("nvfp4", "mxfp8"):  # the decoded + cuBLAS path's decode, and its epilogue
-        elem = get_format(f).elem
-        const = {"KIND": KINDS[f], "EBITS": elem.ebits, "MBITS": elem.mbits, "BIAS": elem.bias, "HAS_INF": False,
-                 "TILE_ROWS": 1, "BR": dec.BLOCK_R, "BK": dec.BLOCK_K, "IN_FP32": False}
+        meta = operand_meta(f)
+        const = {k: v for k, v in meta.items() if k != "INF"} | {"HAS_INF": meta["INF"], "TILE_ROWS": 1,
+                                                                 "BR": dec.BLOCK_R, "BK": dec.BLOCK_K, "IN_FP32": False}
         out.append((f"decode_{f}", dec._decode_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8",
                                                         "out_ptr": "*bf16", "R": "i32", "K": "i32"}, const, {}))
     epilogue = {"acc_ptr": "*fp32", "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16",

@@ -1,8 +1,6 @@
 """On a CUDA GPU only (skipped elsewhere; CI has none): what dispatch runs there against the CPU references.
 Quantizers byte for byte at sizes the autotuned tiles cover several times over, the matmul paths to fp32
 accumulation order, and compiled training steps against the same steps on the CPU."""
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -15,19 +13,14 @@ from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
 from gpt_model import TinyGPT, tokens
-from helpers import bits_equal, edge_tensor
+from helpers import bits_equal, edge_tensor, to_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEED = sr_stream(5, 11)
 
 
-def on(q, device):
-    ts = None if q.tensor_scale is None else q.tensor_scale.to(device)
-    return replace(q, codes=q.codes.to(device), scales=q.scales.to(device), tensor_scale=ts)
-
-
 def same(got, want) -> bool:
-    got = on(got, "cpu")
+    got = to_device(got, "cpu")
     fields = ("codes", "scales") + (("tensor_scale",) if want.tensor_scale is not None else ())
     return all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields) and got.shape == want.shape
 
@@ -79,9 +72,10 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
     a, b, bias = torch.randn(300, 1024, generator=gen), torch.randn(1024, 200, generator=gen), torch.randn(200)
     qa, qb = quantize_ref(a, fa, 1), quantize_ref(b, fb, 0)
     capability = torch.cuda.get_device_capability()
-    path, _ = dispatch.gemm_path(capability, as_operand(on(qa, "cuda"), 1, "a"), as_operand(on(qb, "cuda"), 0, "b"))
+    ga, gb = to_device(qa, "cuda"), to_device(qb, "cuda")
+    path, _ = dispatch.gemm_path(capability, as_operand(ga, 1, "a"), as_operand(gb, 0, "b"))
     assert path == ("native" if capability >= (10, 0) and fa[:5] == fb[:5] else "decoded")
-    got = dispatch.scaled_mm(on(qa, "cuda"), on(qb, "cuda"), bias.cuda(), out_dtype).cpu()
+    got = dispatch.scaled_mm(ga, gb, bias.cuda(), out_dtype).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb, bias, torch.float32)
     tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
@@ -93,7 +87,7 @@ def test_gpu_mxfp8_scales_outside_bf16_take_the_fp32_kernel(monkeypatch):
     gen = torch.Generator().manual_seed(4)
     a, b = torch.randn(256, 512, generator=gen) * 2.0**-125, torch.randn(512, 128, generator=gen)
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
-    got = dispatch.scaled_mm(on(qa, "cuda"), on(qb, "cuda")).cpu()
+    got = dispatch.scaled_mm(to_device(qa, "cuda"), to_device(qb, "cuda")).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())

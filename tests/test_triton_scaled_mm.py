@@ -10,14 +10,11 @@ from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
+from helpers import to_device
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = [("nvfp4", "nvfp4", False), ("nvfp4", "nvfp4", True), ("mxfp8", "mxfp8", False),
          ("mxfp8", "mxfp8_e5m2", False), ("mxfp8_e5m2", "nvfp4", True)]
-
-
-def to_device(q):
-    return type(q)(q.fmt, q.codes.to(DEVICE), q.scales.to(DEVICE),
-                   None if q.tensor_scale is None else q.tensor_scale.to(DEVICE), q.axis, q.shape, q.tile_rows)
 
 
 @pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton, scaled_mm_decoded],
@@ -40,7 +37,7 @@ def test_matches_reference_qmm(kernel, fa, fb, tile2d):
     qa = quantize_ref(a, fa, 1)
     qb = quantize_ref(b, fb, 0, tile2d=True) if tile2d else quantize_ref(b, fb, 0)
     want = qmm_ref(a, b, fa, fb, tile2d_b=tile2d)
-    got = run(kernel, to_device(qa), to_device(qb))
+    got = run(kernel, to_device(qa, DEVICE), to_device(qb, DEVICE))
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
@@ -48,7 +45,7 @@ def test_bias_and_bf16_output(kernel):
     a, b, bias = torch.randn(32, 64), torch.randn(64, 32), torch.randn(32)
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "nvfp4", 0)
     want = dequantize_ref(qa) @ dequantize_ref(qb) + bias
-    got = run(kernel, to_device(qa), to_device(qb), bias, torch.bfloat16)
+    got = run(kernel, to_device(qa, DEVICE), to_device(qb, DEVICE), bias, torch.bfloat16)
     assert got.dtype == torch.bfloat16
     assert torch.allclose(got.float(), want, rtol=2**-8, atol=1e-3)
 
@@ -71,5 +68,5 @@ def test_nan_block_propagates(kernel):
     a = torch.randn(32, 64)
     a[5, 3] = float("nan")
     qa, qb = quantize_ref(a, "nvfp4", 1), quantize_ref(torch.randn(64, 32), "nvfp4", 0)
-    got = run(kernel, to_device(qa), to_device(qb))
+    got = run(kernel, to_device(qa, DEVICE), to_device(qb, DEVICE))
     assert torch.isnan(got[5]).all() and torch.isfinite(got[[0, 1, 2, 4]]).all()
