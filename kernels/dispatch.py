@@ -3,9 +3,10 @@
 
 The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native block-scaled GEMM
 (``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands;
-else, whenever the bf16 decode is exact, the operands decoded to bf16 for cuBLAS's bf16 GEMM
-(``scaled_mm_decoded``; in the interpreter or with ``AUTOPREC_KERNELS=triton``, Triton on tensor cores with
-tiles decoded in registers); MXFP8 pairs whose scale exponents leave bf16's range take the fp32 Triton kernel.
+else the operands decoded to bf16 for cuBLAS's bf16 GEMM (``scaled_mm_decoded``, which recomputes in fp32, on
+the device, a product with values bf16 does not hold); in the interpreter or with ``AUTOPREC_KERNELS=triton``,
+Triton on tensor cores with tiles decoded in registers, or the fp32 Triton kernel for MXFP8 scale exponents
+outside bf16's range. The GPU paths read no device value on the host.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.
@@ -237,23 +238,25 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
     """Which matmul runs these operands on a GPU of this compute capability (None: the Triton interpreter), and
     why the path before it in this order was not taken (None for the first). In ``auto`` mode: ``native``
     (cuBLAS's block-scaled GEMM, sm_100 and later), else ``decoded`` (operands decoded to bf16, then cuBLAS's
-    bf16 GEMM); with ``AUTOPREC_KERNELS=triton`` or in the interpreter, ``tensor_core`` (Triton, tiles decoded
-    to bf16 in registers). MXFP8 scales outside bf16's exact range take ``fp32`` (Triton, tiles in fp32).
-    On an H200 the decoded path ran at 0.62-0.94x torch's bf16 matmul and the in-register one at 0.03-0.11x
-    (benchmarks/kernels_gpu.py; README's GPU section)."""
-    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem  # Triton: imported where it runs
-
+    bf16 GEMM; values bf16 does not hold are found on the device and that product recomputed in fp32). Neither
+    reads the operands' values on the host, which would wait for the GPU. With ``AUTOPREC_KERNELS=triton`` or in
+    the interpreter, ``tensor_core`` (Triton, tiles decoded to bf16 in registers), or ``fp32`` (Triton, tiles in
+    fp32) where MXFP8 scales leave bf16's exact range (checked on the host). On an H200 the decoded path ran at
+    0.62-0.94x torch's bf16 matmul and the in-register one at 0.03-0.11x (benchmarks/kernels_gpu.py; README's
+    GPU section)."""
     why = None
     if capability is not None and capability >= NATIVE_CAPABILITY:
         why = "AUTOPREC_KERNELS=triton" if kernel_mode() == "triton" else native_problem(a, b)
         if why is None:
             return "native", None
+    if capability is not None and kernel_mode() != "triton":
+        return "decoded", why
+    from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem  # Triton: imported where it runs
+
     inexact = exact_decode_problem(a) or exact_decode_problem(b)
     if inexact:
         return "fp32", "; ".join(r for r in (why, inexact) if r)
-    if capability is None or kernel_mode() == "triton":
-        return "tensor_core", why or ("the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton")
-    return "decoded", why
+    return "tensor_core", why or ("the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton")
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:

@@ -20,22 +20,23 @@ from autoprec.kernels.rounding_ref import (
 )
 
 BLOCK = NVFP4.block_size
-# a tensor, not a Python float: torch computes ``float / tensor`` as ``reciprocal(tensor) * float``,
-# which is not the correctly rounded fp32 quotient the scale chain specifies
-FP4_TIMES_FP8_MAX = torch.tensor(448.0 * 6.0, dtype=torch.float32)
-ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=torch.float32)
+# fp32 constants as Python floats holding their fp32 values, so no constant tensor is copied to the GPU (such a
+# copy waits for it). The quotient divides a filled tensor: torch computes ``float / tensor`` as
+# ``reciprocal(tensor) * float``, which is not the correctly rounded fp32 quotient the scale chain specifies.
+FP4_TIMES_FP8_MAX = 448.0 * 6.0
+ONE_SIXTH = torch.tensor(1.0 / 6.0, dtype=torch.float32).item()
 
 
 def nvfp4_encode_scale(amax_t: torch.Tensor) -> torch.Tensor:
     """S_enc = min(448·6 / amax_t, FLT_MAX), and 1 where amax_t is 0 or non-finite or S_enc is 0."""
-    s_enc = torch.clamp(FP4_TIMES_FP8_MAX.to(amax_t.device) / amax_t, max=FLT_MAX)
+    s_enc = torch.clamp(torch.full_like(amax_t, FP4_TIMES_FP8_MAX) / amax_t, max=FLT_MAX)
     ok = (amax_t > 0) & torch.isfinite(amax_t) & (s_enc > 0)
     return torch.where(ok, s_enc, torch.ones_like(s_enc))
 
 
 def scale_to_block(s_enc: torch.Tensor) -> torch.Tensor:
     """S_enc · fp32(1/6): the factor from a block amax to its E4M3 scale before rounding."""
-    return s_enc * ONE_SIXTH.to(s_enc.device)
+    return s_enc * ONE_SIXTH
 
 
 def _tile(x: torch.Tensor, tile_rows: int) -> torch.Tensor:

@@ -18,13 +18,20 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
-from autoprec.kernels.quantize_triton import _index_strides, _rht_operand, mxfp8_tile, nvfp4_tile, tile_amax
+from autoprec.kernels.quantize_triton import (
+    _index_strides,
+    _rht_operand,
+    kernel_keys,
+    mxfp8_tile,
+    nvfp4_tile,
+    tile_amax,
+)
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
-from autoprec.kernels.random_bits import stream_keys
 
 # 8 warps: with 4, the NVFP4 kernel's two tiles spill registers on sm_90 (tests/ptx_report.py)
 CONFIGS = [triton.Config({"B": b}, num_warps=8) for b in (64, 32)]
 MIN_B = 32  # the smallest tile: partial amaxes are laid out for it
+DUAL_KEY_ARGS = ["k1_a", "k2_a", "k1_b", "k2_b"]  # SR keys: scalars, never specialized (quantize_triton.KEY_ARGS)
 
 
 def _configs() -> list[triton.Config]:
@@ -46,31 +53,31 @@ def _amax2_kernel(x_ptr, m_ptr, out_a, out_b, R, K, s_r, s_k, n_k,
 
 
 @triton.autotune(configs=_configs(), key=["R", "K"])
-@triton.jit
+@triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
-                       keys_a, codes_a, scales_a, senc6_a, sdec_a, ia_r, ia_k,
-                       keys_b, codes_b, scales_b, senc6_b, sdec_b, ib_r, ib_k,
+                       k1_a, k2_a, codes_a, scales_a, senc6_a, sdec_a, ia_r, ia_k,
+                       k1_b, k2_b, codes_b, scales_b, senc6_b, sdec_b, ib_r, ib_k,
                        B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
                        RHT_B: tl.constexpr, SR_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    nvfp4_tile(x_ptr, m_ptr, x_ptr, keys_a, codes_a, scales_a, senc6_a, sdec_a, R, K, s_r, s_k, ia_r, ia_k,
+    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, senc6_a, sdec_a, R, K, s_r, s_k, ia_r, ia_k,
                pid_r, pid_k, B, B, RHT_A, SR_A, True, False)
-    nvfp4_tile(x_ptr, m_ptr, x_ptr, keys_b, codes_b, scales_b, senc6_b, sdec_b, K, R, s_k, s_r, ib_r, ib_k,
+    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, senc6_b, sdec_b, K, R, s_k, s_r, ib_r, ib_k,
                pid_k, pid_r, B, B, RHT_B, SR_B, True, False)
 
 
 @triton.autotune(configs=_configs(), key=["R", "K"])
-@triton.jit
+@triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
-                       keys_a, codes_a, scales_a, ia_r, ia_k, keys_b, codes_b, scales_b, ib_r, ib_k,
+                       k1_a, k2_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, codes_b, scales_b, ib_r, ib_k,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                        MAX: tl.constexpr, FLOOR: tl.constexpr,
                        B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
                        RHT_B: tl.constexpr, SR_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    mxfp8_tile(x_ptr, m_ptr, x_ptr, keys_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
+    mxfp8_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
                EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_A, SR_A, True)
-    mxfp8_tile(x_ptr, m_ptr, x_ptr, keys_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
+    mxfp8_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
                EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_B, SR_B, True)
 
 
@@ -81,12 +88,9 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     n_rows, k = x.shape
     m = _rht_operand(x, rows.rht or cols.rht, rht_signs_)
 
-    def keys(side: QuantCopy) -> torch.Tensor:
-        return torch.tensor(stream_keys(side.seed) if side.seed is not None else (0, 0), device=x.device,
-                            dtype=torch.int64)
-
     # SR index strides of each copy's (rows, K) view, in row-major indices of its source (x or x.t())
     ia, ib = (_index_strides(src.shape, axis) for src, axis in (rows.source(x, 1), cols.source(x, 0)))
+    keys = kernel_keys(rows.seed), kernel_keys(cols.seed)
     grid = lambda meta: (triton.cdiv(n_rows, meta["B"]), triton.cdiv(k, meta["B"]))  # noqa: E731
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
     if fmt is NVFP4:
@@ -101,8 +105,8 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
                   torch.empty(k, n_rows // 16, device=x.device, dtype=torch.uint8)]
         s_dec = [1.0 / s for s in s_enc]
         _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
-                                 keys(rows), codes[0], scales[0], scale_to_block(s_enc[0]), s_dec[0], *ia,
-                                 keys(cols), codes[1], scales[1], scale_to_block(s_enc[1]), s_dec[1], *ib, **sides)
+                                 *keys[0], codes[0], scales[0], scale_to_block(s_enc[0]), s_dec[0], *ia,
+                                 *keys[1], codes[1], scales[1], scale_to_block(s_enc[1]), s_dec[1], *ib, **sides)
         return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d.reshape(()), axis, x.shape, 1)
                      for c, s, d, axis in zip(codes, scales, s_dec, (1, 0)))
     elem = fmt.elem
@@ -110,8 +114,8 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
              torch.empty(k, n_rows, device=x.device, dtype=torch.uint8)]
     scales = [torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8),
               torch.empty(k, n_rows // 32, device=x.device, dtype=torch.uint8)]
-    _mxfp8_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1), keys(rows), codes[0], scales[0], *ia,
-                             keys(cols), codes[1], scales[1], *ib, EBITS=elem.ebits, MBITS=elem.mbits,
+    _mxfp8_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1), *keys[0], codes[0], scales[0], *ia,
+                             *keys[1], codes[1], scales[1], *ib, EBITS=elem.ebits, MBITS=elem.mbits,
                              BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **sides)
     return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, x.shape)
                  for c, s, axis in zip(codes, scales, (1, 0)))

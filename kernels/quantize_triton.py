@@ -41,6 +41,9 @@ CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in ((B
 # tiles were exact on the same inputs; the interpreter is exact at every tile. The cause is not known, so on a
 # GPU the MXFP8 kernel is tuned over the tiles that were exact there.
 MXFP8_GPU_CONFIGS = CONFIGS[1:]
+# The SR stream's keys travel as scalar kernel arguments, not as a tensor: a tensor made from host ints is a
+# host-to-device copy, which waits for the GPU. Not specialized: every quantization has new keys.
+KEY_ARGS = ["k1", "k2"]
 
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
@@ -70,14 +73,15 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
 
 
 @triton.jit
-def _load_rand(rand_ptr, keys_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr,
+def _load_rand(rand_ptr, k1, k2, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr,
                HASH: tl.constexpr):
-    """SR bits of a [BR, BK/16, 16] tile: with HASH computed from the stream's keys and each element's
-    row-major index in the tensor (``s_r``, ``s_k``: the index strides of the (R, K) view), else loaded."""
+    """SR bits of a [BR, BK/16, 16] tile: with HASH computed from the stream's keys (int32 scalars holding the
+    uint32 bits) and each element's row-major index in the tensor (``s_r``, ``s_k``: the index strides of the
+    (R, K) view), else loaded."""
     cols = col0 + tl.arange(0, BK // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
     if HASH:  # one return: the other branch (not compiled) may see a rand_ptr of another type
         idx = rows.to(tl.int64)[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
-        bits = sr_hash_bits(idx, tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32))
+        bits = sr_hash_bits(idx, k1.to(tl.uint32, bitcast=True), k2.to(tl.uint32, bitcast=True))
     else:
         mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
         bits = tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
@@ -101,17 +105,17 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
 
 
 @triton.autotune(configs=_configs(CONFIGS), key=["R", "K", "RHT", "SR", "TILE2D"])
-@triton.jit
-def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
                   R, K, s_r, s_k, r_r, r_k,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
                   TILE2D: tl.constexpr):
-    nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr, R, K, s_r, s_k,
+    nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr, R, K, s_r, s_k,
                r_r, r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH, TILE2D)
 
 
 @triton.jit
-def nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
                R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
                TILE2D: tl.constexpr):
@@ -148,7 +152,7 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_pt
 
     rand = 0
     if SR:
-        rand = _load_rand(rand_ptr, keys_ptr, rows, col0, R, K, r_r, r_k, BR, BK, HASH)
+        rand = _load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH)
     v = clamp_keep_nan(y * e_b[:, :, None], -6.0, 6.0)
     codes = encode_e2m1(round_to_element(v, rand, 1, 0, 6.0, SR))
     lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
@@ -159,17 +163,17 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, senc6_pt
 
 
 @triton.autotune(configs=_configs(MXFP8_GPU_CONFIGS), key=["R", "K", "RHT", "SR"])
-@triton.jit
-def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                   EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                   MAX: tl.constexpr, FLOOR: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
-    mxfp8_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+    mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT, SR, HASH)
 
 
 @triton.jit
-def mxfp8_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
+def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
                EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                MAX: tl.constexpr, FLOOR: tl.constexpr,
                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
@@ -198,7 +202,7 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, keys_ptr, codes_ptr, scales_ptr, R, K, s_
 
     rand = 0
     if SR:
-        rand = tl.reshape(_load_rand(rand_ptr, keys_ptr, rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
+        rand = tl.reshape(_load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
     v = round_to_element(y * pow2(-e)[:, :, None], rand, MBITS, 1 - BIAS, MAX, SR)
     codes = tl.reshape(encode_float8(v, EBITS, MBITS, BIAS), (BR, BK))
     cols = col0 + tl.arange(0, BK)
@@ -224,10 +228,26 @@ def _index_strides(shape: torch.Size, axis: int) -> tuple[int, int] | None:
         return None
 
 
+def kernel_keys(stream: int | None) -> tuple[int, int]:
+    """The two 32-bit keys of an SR stream as int32 kernel arguments (the same bits; 0, 0 without SR)."""
+    if stream is None:
+        return 0, 0
+    return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in stream_keys(stream))
+
+
+_RHT_MATRICES: dict[tuple[bytes, torch.device], torch.Tensor] = {}
+
+
 def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torch.Tensor:
+    """The kernels' RHT matrix on ``x``'s device, copied there once per sign vector (each copy from the host
+    waits for the GPU)."""
     if not rht:
         return torch.empty(1, device=x.device)
-    return rht_matrix(rht_signs() if signs is None else signs).t().contiguous().to(x.device)
+    signs = rht_signs() if signs is None else signs
+    key = (signs.to(torch.int8).cpu().numpy().tobytes(), x.device)
+    if key not in _RHT_MATRICES:
+        _RHT_MATRICES[key] = rht_matrix(signs.cpu()).t().contiguous().to(x.device)
+    return _RHT_MATRICES[key]
 
 
 def quantize_triton(
@@ -249,10 +269,9 @@ def quantize_triton(
     axis = normalize_axis(axis, x.ndim)
     m = _as_matrix(x, axis)
     n_rows, k = m.shape
-    keys = torch.empty(1, device=x.device, dtype=torch.int64)
     hashed = seed is not None and rand is None and (index := _index_strides(x.shape, axis)) is not None
+    keys = kernel_keys(seed if hashed else None)
     if hashed:
-        keys = torch.tensor(stream_keys(seed), device=x.device, dtype=torch.int64)
         r_m, r_strides = m, index
     else:
         if seed is not None and rand is None:
@@ -273,14 +292,14 @@ def quantize_triton(
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
         scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
         scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
-        _nvfp4_kernel[grid](m, mt, r_m, keys, codes, scales, scale_to_block(s_enc), s_dec,
+        _nvfp4_kernel[grid](m, mt, r_m, *keys, codes, scales, scale_to_block(s_enc), s_dec,
                             n_rows, k, m.stride(0), m.stride(1), *r_strides, TILE2D=tile2d, **common)
         return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec.reshape(()),
                                axis, x.shape, 16 if tile2d else 1)
     elem = fmt.elem
     codes = torch.empty(stored, device=x.device, dtype=torch.uint8)
     scales = torch.empty(stored[:-1] + (k // 32,), device=x.device, dtype=torch.uint8)
-    _mxfp8_kernel[grid](m, mt, r_m, keys, codes, scales, n_rows, k, m.stride(0), m.stride(1),
+    _mxfp8_kernel[grid](m, mt, r_m, *keys, codes, scales, n_rows, k, m.stride(0), m.stride(1),
                         *r_strides, EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias,
                         EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **common)
     return QuantizedTensor(fmt, codes.view(elem.torch_dtype), scales, None, axis, x.shape)

@@ -16,23 +16,40 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.operand import KIND_BF16, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, store_tile
+from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
+from autoprec.kernels.scaled_mm_triton import (
+    BLOCK_K,
+    BLOCK_M,
+    BLOCK_N,
+    DOT_FP32,
+    apply_tensor_scales,
+    decode_tile,
+    launch,
+    store_tile,
+)
 
-BLOCK_R = 64
-BLOCK_K = 64
+DECODE_R, DECODE_K = 64, 64
 EPILOGUE_M, EPILOGUE_N = 32, 128
 
 
 @triton.jit
-def _decode_kernel(codes_ptr, scales_ptr, out_ptr, R, K,
+def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
                    KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
                    HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                   IN_FP32: tl.constexpr):
+                   IN_FP32: tl.constexpr, CHECK: tl.constexpr):
+    """bf16 ``code · block scale`` of a (BR, BK) tile; with CHECK, sets the int32 at ``flag_ptr`` to 1 when a
+    value of the tile is not a bf16 normal number or zero (its low 16 bits set, or an fp32 subnormal; NaN
+    decodes to NaN either way)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     tile = decode_tile(codes_ptr, scales_ptr, rows, kk, R, K, KIND, EBITS, MBITS, BIAS, HAS_INF, TILE_ROWS)
     mask = (rows < R)[:, None] & (kk < K)[None, :]
+    if CHECK:
+        bits = tile.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
+        inexact = (tile == tile) & (mag != 0) & (((bits & 0xFFFF) != 0) | (mag < 0x00800000))
+        if tl.max(tl.max(inexact.to(tl.int32), 1), 0) != 0:
+            tl.store(flag_ptr, 1)
     if IN_FP32:  # the interpreter's float casts round wrongly: keep fp32, the caller casts (exact either way)
         tl.store(out_ptr + rows[:, None] * K + kk[None, :], tile, mask=mask)
     else:
@@ -51,33 +68,43 @@ def _epilogue_kernel(acc_ptr, a_ts, b_ts, bias_ptr, out_ptr, M, N, A_KIND: tl.co
                OUT_BF16)
 
 
-def decode_bf16(op: Operand) -> torch.Tensor:
-    """(rows, K) bfloat16 values ``code · block scale`` of a quantized operand (NVFP4's tensor scale left out)."""
+def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
+    """(rows, K) bfloat16 values ``code · block scale`` of a quantized operand (NVFP4's tensor scale left out).
+    Given ``flag`` (an int32 device scalar), sets it to 1 where a value is not exact in bf16 (MXFP8 only: NVFP4
+    values always are)."""
     if op.kind == KIND_BF16:
         return op.codes
     (codes, scales, _), meta = kernel_args(op)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     out = torch.empty(op.rows, op.k, device=codes.device, dtype=torch.float32 if interpret else torch.bfloat16)
-    grid = (triton.cdiv(op.rows, BLOCK_R), triton.cdiv(op.k, BLOCK_K))
-    _decode_kernel[grid](codes, scales, out, op.rows, op.k, *meta, op.tile_rows if op.kind == KIND_NVFP4 else 1,
-                         BR=BLOCK_R, BK=BLOCK_K, IN_FP32=interpret)
+    grid = (triton.cdiv(op.rows, DECODE_R), triton.cdiv(op.k, DECODE_K))
+    check = flag is not None and op.kind == KIND_MXFP8
+    _decode_kernel[grid](codes, scales, out, flag if check else codes, op.rows, op.k, *meta,
+                         op.tile_rows if op.kind == KIND_NVFP4 else 1, BR=DECODE_R, BK=DECODE_K, IN_FP32=interpret,
+                         CHECK=check)
     return out.to(torch.bfloat16)
 
 
 def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked, and the tensor-core kernel's
-    ``exact_decode_problem`` is None for both."""
-    da, db = decode_bf16(a), decode_bf16(b)
+    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked. Nothing is read back to the host:
+    with an MXFP8 operand, the decode flags values that bf16 does not hold exactly (scale exponents near E8M0's
+    ends) on the device, and the fp32 kernel then recomputes the product in place, its programs returning at
+    once when the flag is clear."""
+    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+    da, db = decode_bf16(a, flag), decode_bf16(b, flag)
     if (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16
             and not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction):
-        return torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
-    acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
-    m, n = acc.shape
-    out = torch.empty(m, n, device=acc.device, dtype=out_dtype)
-    ts = [op.tensor_scale if op.kind == KIND_NVFP4 else acc for op in (a, b)]
-    grid = (triton.cdiv(m, EPILOGUE_M), triton.cdiv(n, EPILOGUE_N))
-    _epilogue_kernel[grid](acc, *ts, bias if bias is not None else acc,
-                           out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
-                           HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
-                           BN=EPILOGUE_N)
+        out = torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
+    else:
+        acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
+        m, n = acc.shape
+        out = torch.empty(m, n, device=acc.device, dtype=out_dtype)
+        ts = [op.tensor_scale if op.kind == KIND_NVFP4 else acc for op in (a, b)]
+        grid = (triton.cdiv(m, EPILOGUE_M), triton.cdiv(n, EPILOGUE_N))
+        _epilogue_kernel[grid](acc, *ts, bias if bias is not None else acc,
+                               out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
+                               HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
+                               BN=EPILOGUE_N)
+    if flag is not None:
+        launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, DOT_FP32, out=out, flag=flag)
     return out

@@ -72,25 +72,31 @@ def accumulate(acc, a, b, DOT: tl.constexpr):
 
 @triton.jit
 def scaled_mm_kernel(
-    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, M, N, K,
+    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, flag_ptr, M, N, K,
     A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
     B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
     B_TILE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
 ):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    acc = tl.zeros((BM, BN), tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
-        a = dot_operand(decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1),
-                        DOT)
-        b = dot_operand(decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF,
-                                    B_TILE_ROWS), DOT)
-        acc = accumulate(acc, a, b, DOT)
-    acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
-    store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
+    """With GUARDED, a program computes its tile only if the int32 at ``flag_ptr`` is not 0 (set on the device
+    by ``scaled_mm_decoded``'s decode when a value was not exact in bf16)."""
+    run = 1
+    if GUARDED:
+        run = tl.load(flag_ptr)
+    if run != 0:
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + tl.arange(0, BK)
+            a = dot_operand(decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF,
+                                        1), DOT)
+            b = dot_operand(decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF,
+                                        B_TILE_ROWS), DOT)
+            acc = accumulate(acc, a, b, DOT)
+        acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
+        store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
 
 
 @triton.jit
@@ -107,20 +113,23 @@ def store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS: tl.constexpr, OUT
 
 
 def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Tensor | None,
-           out_dtype: torch.dtype, dot: int, **options) -> torch.Tensor:
+           out_dtype: torch.dtype, dot: int, *, out: torch.Tensor | None = None, flag: torch.Tensor | None = None,
+           **options) -> torch.Tensor:
     """Run the block-scaled matmul kernel: (M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` (float32 or
     bfloat16), operands already checked; ``blocks`` is (BM, BN, BK), ``dot`` one of the DOT_* modes,
-    ``options`` Triton's launch options (num_warps, num_stages)."""
+    ``options`` Triton's launch options (num_warps, num_stages). Given ``flag`` (an int32 device scalar),
+    the product is written into ``out`` only where the flag is not 0 when the kernel runs."""
     m, k, n = a.rows, a.k, b.rows
-    out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype)
+    out = torch.empty(m, n, device=a.codes.device, dtype=out_dtype) if out is None else out
     a_ptrs, a_meta = kernel_args(a)
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     bm, bn, bk = blocks
     scaled_mm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, m, n, k,
+        *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, flag if flag is not None else out, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
-        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot, **options,
+        HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot,
+        GUARDED=flag is not None, **options,
     )
     return out
 

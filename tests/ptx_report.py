@@ -23,7 +23,8 @@ from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
-            "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
+            "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "flag_ptr": "*i32", "M": "i32", "N": "i32",
+            "K": "i32"}
 KINDS = {"nvfp4": 0, "mxfp8": 1, "mxfp8_e5m2": 1, "bf16": 2}
 
 
@@ -38,7 +39,7 @@ def constexprs(fmt: str) -> dict:
     meta = operand_meta(fmt)
     out = {f"A_{k}": v for k, v in meta.items()} | {f"B_{k}": v for k, v in meta.items()}
     return out | {"B_TILE_ROWS": 1, "HAS_BIAS": True, "OUT_BF16": True, "BM": tc.BLOCK_M, "BN": tc.BLOCK_N,
-                  "BK": tc.BLOCK_K}
+                  "BK": tc.BLOCK_K, "GUARDED": False}
 
 
 def resource_usage(cubin: bytes) -> dict:
@@ -51,7 +52,7 @@ def resource_usage(cubin: bytes) -> dict:
     return {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {}
 
 
-QUANT_POINTERS = {"x_ptr": "*fp32", "m_ptr": "*fp32", "rand_ptr": "*i32", "keys_ptr": "*i64", "codes_ptr": "*u8",
+QUANT_POINTERS = {"x_ptr": "*fp32", "m_ptr": "*fp32", "rand_ptr": "*i32", "k1": "i32", "k2": "i32", "codes_ptr": "*u8",
                   "scales_ptr": "*u8"}
 SIZES = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32"}
 E4M3 = get_format("mxfp8").elem
@@ -64,14 +65,16 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     out = [(f"tensor_core_gemm_{f}", fp32.scaled_mm_kernel, POINTERS, constexprs(f) | {"DOT": fp32.DOT_BF16},
             gemm_opts) for f in ("nvfp4", "mxfp8")]
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
-                                        "DOT": fp32.DOT_FP32}
+                                        "DOT": fp32.DOT_FP32, "GUARDED": True}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
     for f in ("nvfp4", "mxfp8"):  # the decoded + cuBLAS path's decode, and its epilogue
         meta = operand_meta(f)
-        const = {k: v for k, v in meta.items() if k != "INF"} | {"HAS_INF": meta["INF"], "TILE_ROWS": 1,
-                                                                 "BR": dec.BLOCK_R, "BK": dec.BLOCK_K, "IN_FP32": False}
+        const = {k: v for k, v in meta.items() if k != "INF"} | {
+            "HAS_INF": meta["INF"], "TILE_ROWS": 1, "BR": dec.DECODE_R, "BK": dec.DECODE_K, "IN_FP32": False,
+            "CHECK": f == "mxfp8"}
         out.append((f"decode_{f}", dec._decode_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8",
-                                                        "out_ptr": "*bf16", "R": "i32", "K": "i32"}, const, {}))
+                                                        "out_ptr": "*bf16", "flag_ptr": "*i32", "R": "i32",
+                                                        "K": "i32"}, const, {}))
     epilogue = {"acc_ptr": "*fp32", "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16",
                 "M": "i32", "N": "i32"}
     out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,
@@ -104,7 +107,7 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 
     def side(s: str, nvfp4: bool) -> dict:
         ts = {f"senc6_{s}": "*fp32", f"sdec_{s}": "*fp32"} if nvfp4 else {}
-        return {f"keys_{s}": "*i64", f"codes_{s}": "*u8", f"scales_{s}": "*u8"} | ts | {f"i{s}_r": "i32",
+        return {f"k1_{s}": "i32", f"k2_{s}": "i32", f"codes_{s}": "*u8", f"scales_{s}": "*u8"} | ts | {f"i{s}_r": "i32",
                                                                                       f"i{s}_k": "i32"}
 
     flags = {"RHT_A": True, "SR_A": True, "RHT_B": True, "SR_B": True}

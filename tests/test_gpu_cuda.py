@@ -83,14 +83,55 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
     assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
-def test_gpu_mxfp8_scales_outside_bf16_take_the_fp32_kernel(monkeypatch):
+def test_gpu_mxfp8_scales_outside_bf16_are_recomputed_in_fp32(monkeypatch):
+    """The decoded path flags the values bf16 does not hold on the device and its fp32 kernel recomputes."""
     gen = torch.Generator().manual_seed(4)
     a, b = torch.randn(256, 512, generator=gen) * 2.0**-125, torch.randn(512, 128, generator=gen)
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
-    got = dispatch.scaled_mm(to_device(qa, "cuda"), to_device(qb, "cuda")).cpu()
+    ga, gb = to_device(qa, "cuda"), to_device(qb, "cuda")
+    capability = torch.cuda.get_device_capability()
+    if capability < (10, 0):
+        assert dispatch.gemm_path(capability, as_operand(ga, 1, "a"), as_operand(gb, 0, "b"))[0] == "decoded"
+    got = dispatch.scaled_mm(ga, gb).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_quantize_and_matmul_never_wait_for_the_gpu(fmt):
+    """Torch's sync debug mode raises on any call that waits for the GPU (a value read on the host, a copy of
+    host data): SR and RHT quantizations and the matmul, once their kernels are compiled and tuned."""
+    x, w = torch.randn(1024, 512, device="cuda"), torch.randn(512, 768, device="cuda")
+    bias = torch.randn(768, device="cuda")
+
+    def run(step: int):
+        qa = dispatch.quantize(x, fmt, 1, rounding="sr", seed=sr_stream(3, step), rht=True)
+        qb = dispatch.quantize(w, fmt, 0)
+        return [dispatch.scaled_mm(qa, qb, b, dtype) for b, dtype in ((None, torch.bfloat16), (bias, torch.float32))]
+
+    run(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run(1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8"])
+def test_gpu_compiled_training_step_never_waits_for_the_gpu(fresh_dynamo, recipe):
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).cuda()
+    compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe})
+    idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=128, vocab=512))
+    for sync_mode in ("default", "error"):  # the first step compiles and tunes
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode(sync_mode)
+        try:
+            compiled(idx, tgt).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 def step(device: str, options: dict) -> tuple[list[torch.Tensor], autoprec.Plan]:

@@ -1,0 +1,100 @@
+"""The GPU paths never wait for the GPU: a quantization or a block-scaled matmul reads no device value on the
+host (``.item()``, ``int(t)``, boolean masks) and copies no host data to the device (tensors built from Python
+numbers, constant tensors moved to the device). Each would drain the GPU's queue once per call, dozens of times
+a step. Checked here by recording the aten ops the kernels' host code dispatches (Triton in the interpreter);
+tests/test_gpu_cuda.py checks it on a GPU with torch's sync debug mode. Also: the decoded (sm_90) matmul finds
+values bf16 does not hold on the device, and recomputes that product in fp32."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+pytest.importorskip("triton")
+
+from autoprec.formats import get_format
+from autoprec.kernels import dequantize_ref, dispatch, quantize_ref
+from autoprec.kernels.operand import as_operand
+from autoprec.kernels.quantize_triton import quantize_triton
+from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded
+from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch
+
+from helpers import to_device
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# ops that read a device value on the host or turn host data into a tensor
+WAITING_OPS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.is_nonzero",
+               "aten.equal", "aten.lift_fresh", "aten.lift_fresh_copy"}
+
+
+class HostReads(TorchDispatchMode):
+    """Records the ops in WAITING_OPS, and copies that name a device, dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket._qualified_op_name.replace("::", ".")
+        if name in WAITING_OPS or (name == "aten._to_copy" and "device" in kwargs):
+            self.found.append(str(func))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_quantize_and_decoded_matmul_read_nothing_on_the_host(fmt):
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 64, generator=gen).to(DEVICE), torch.randn(64, 32, generator=gen).to(DEVICE)
+    bias = torch.randn(32, generator=gen).to(DEVICE)
+    f = get_format(fmt)
+    quantize_triton(x, f, 1, seed=5, rht=True)  # compiled (and autotuned, which syncs) outside the check
+    with HostReads() as rec:
+        qa = quantize_triton(x, f, 1, seed=(3 << 32) | 0xFFFFFFF0, rht=True)  # keys above 2**31 too
+        qb = quantize_triton(w, f, 0)
+        for b, out_dtype in ((None, torch.bfloat16), (bias, torch.float32)):
+            scaled_mm_decoded(as_operand(qa, 1, "a"), as_operand(qb, 0, "b"), b, out_dtype)
+    assert rec.found == []
+
+
+def test_gpu_gemm_paths_are_chosen_without_reading_operands():
+    """On a GPU the path depends on the formats and shapes alone: operands on the meta device, which has no
+    values to read, are enough."""
+    a = quantize_ref(torch.randn(32, 64), "mxfp8", 1)
+    b = quantize_ref(torch.randn(64, 32), "mxfp8", 0)
+    oa, ob = (as_operand(to_device(q, "meta"), k, n) for q, k, n in ((a, 1, "a"), (b, 0, "b")))
+    assert dispatch.gemm_path((9, 0), oa, ob) == ("decoded", None)
+    assert dispatch.gemm_path((10, 0), oa, ob) == ("native", None)
+
+
+def test_decoded_matmul_recomputes_values_bf16_does_not_hold():
+    gen = torch.Generator().manual_seed(4)
+    # block scales near 2**-133: elements below bf16's normal range (a bf16 cast would round them)
+    a, b = torch.randn(48, 128, generator=gen) * 2.0**-125, torch.randn(128, 40, generator=gen)
+    qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
+    oa, ob = as_operand(to_device(qa, DEVICE), 1, "a"), as_operand(to_device(qb, DEVICE), 0, "b")
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    assert not torch.equal(decode_bf16(oa, flag).float().cpu(), dequantize_ref(qa))
+    assert flag.item() == 1
+    want = dispatch._reference_scaled_mm(qa, qb, None, torch.float32)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        got = scaled_mm_decoded(oa, ob, None, out_dtype).cpu().float()
+        tol = 1e-5 if out_dtype == torch.float32 else 2**-8
+        assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_decode_flags_only_values_bf16_does_not_hold():
+    """Zero blocks (E8M0 scale 2**-127), normal data and NVFP4 leave the flag clear; the same kernel's GEMM
+    programs then return at once and leave the product as cuBLAS wrote it."""
+    x = torch.randn(64, 64)
+    x[:, :32] = 0.0
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for fmt in ("mxfp8", "mxfp8_e5m2", "nvfp4"):
+        decode_bf16(as_operand(to_device(quantize_ref(x, fmt, 1), DEVICE), 1, "a"), flag)
+    assert flag.item() == 0
+    oa = as_operand(to_device(quantize_ref(x, "mxfp8", 1), DEVICE), 1, "a")
+    ob = as_operand(to_device(quantize_ref(torch.randn(64, 16), "mxfp8", 0), DEVICE), 0, "b")
+    out = torch.full((64, 16), 7.0, device=DEVICE)
+    launch((32, 16, 32), oa, ob, None, torch.float32, DOT_FP32, out=out, flag=flag)
+    assert (out == 7.0).all()
+    flag.fill_(1)
+    launch((32, 16, 32), oa, ob, None, torch.float32, DOT_FP32, out=out, flag=flag)
+    assert torch.equal(out, launch((32, 16, 32), oa, ob, None, torch.float32, DOT_FP32))
