@@ -17,10 +17,10 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
-from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
 from autoprec.kernels.quantize_triton import (
     _index_strides,
     _rht_operand,
+    atomic_max_bits,
     kernel_keys,
     mxfp8_tile,
     nvfp4_tile,
@@ -30,7 +30,6 @@ from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
 
 # 8 warps: with 4, the NVFP4 kernel's two tiles spill registers on sm_90 (tests/ptx_report.py)
 CONFIGS = [triton.Config({"B": b}, num_warps=8) for b in (64, 32)]
-MIN_B = 32  # the smallest tile: partial amaxes are laid out for it
 DUAL_KEY_ARGS = ["k1_a", "k2_a", "k1_b", "k2_b"]  # SR keys: scalars, never specialized (quantize_triton.KEY_ARGS)
 
 
@@ -40,29 +39,29 @@ def _configs() -> list[triton.Config]:
 
 @triton.autotune(configs=_configs(), key=["R", "K"])
 @triton.jit
-def _amax2_kernel(x_ptr, m_ptr, out_a, out_b, R, K, s_r, s_k, n_k,
-                  B: tl.constexpr, RHT_A: tl.constexpr, RHT_B: tl.constexpr):
-    """Partial amaxes of the rowwise copy's source (RHT along dim 1) and the columnwise one's (along dim 0)."""
+def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, B: tl.constexpr, RHT_A: tl.constexpr, RHT_B: tl.constexpr):
+    """The amaxes of the rowwise copy's source (RHT along dim 1) and the columnwise one's (along dim 0), as
+    fp32 bits into ``amax_ptr[0]`` and ``amax_ptr[1]`` (zeroed first)."""
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     a = tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, B, B, RHT_A)
     b = a
     if RHT_A or RHT_B:
         b = tile_amax(x_ptr, m_ptr, K, R, s_k, s_r, pid_k, pid_r, B, B, RHT_B)
-    tl.store(out_a + pid_r * n_k + pid_k, a)
-    tl.store(out_b + pid_r * n_k + pid_k, b)
+    atomic_max_bits(amax_ptr, a)
+    atomic_max_bits(amax_ptr + 1, b)
 
 
 @triton.autotune(configs=_configs(), key=["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
-                       k1_a, k2_a, codes_a, scales_a, senc6_a, sdec_a, ia_r, ia_k,
-                       k1_b, k2_b, codes_b, scales_b, senc6_b, sdec_b, ib_r, ib_k,
+                       k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
+                       k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, ib_r, ib_k,
                        B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
                        RHT_B: tl.constexpr, SR_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, senc6_a, sdec_a, R, K, s_r, s_k, ia_r, ia_k,
+    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, R, K, s_r, s_k, ia_r, ia_k,
                pid_r, pid_k, B, B, RHT_A, SR_A, True, False)
-    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, senc6_b, sdec_b, K, R, s_k, s_r, ib_r, ib_k,
+    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, K, R, s_k, s_r, ib_r, ib_k,
                pid_k, pid_r, B, B, RHT_B, SR_B, True, False)
 
 
@@ -94,19 +93,16 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     grid = lambda meta: (triton.cdiv(n_rows, meta["B"]), triton.cdiv(k, meta["B"]))  # noqa: E731
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
     if fmt is NVFP4:
-        n_k = triton.cdiv(k, MIN_B)
-        parts = torch.zeros(2, triton.cdiv(n_rows, MIN_B) * n_k, device=x.device, dtype=torch.float32)
-        _amax2_kernel[grid](x, m, parts[0], parts[1], n_rows, k, x.stride(0), x.stride(1), n_k,
-                            RHT_A=rows.rht, RHT_B=cols.rht)
-        s_enc = [nvfp4_encode_scale(a) for a in parts.amax(1)]
+        amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax
+        _amax2_kernel[grid](x, m, amax, n_rows, k, x.stride(0), x.stride(1), RHT_A=rows.rht, RHT_B=cols.rht)
         codes = [torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8),
                  torch.empty(k, n_rows // 2, device=x.device, dtype=torch.uint8)]
         scales = [torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8),
                   torch.empty(k, n_rows // 16, device=x.device, dtype=torch.uint8)]
-        s_dec = [1.0 / s for s in s_enc]
+        s_dec = torch.empty(2, device=x.device, dtype=torch.float32)
         _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
-                                 *keys[0], codes[0], scales[0], scale_to_block(s_enc[0]), s_dec[0], *ia,
-                                 *keys[1], codes[1], scales[1], scale_to_block(s_enc[1]), s_dec[1], *ib, **sides)
+                                 *keys[0], codes[0], scales[0], amax[0:], s_dec[0:], *ia,
+                                 *keys[1], codes[1], scales[1], amax[1:], s_dec[1:], *ib, **sides)
         return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d.reshape(()), axis, x.shape, 1)
                      for c, s, d, axis in zip(codes, scales, s_dec, (1, 0)))
     elem = fmt.elem

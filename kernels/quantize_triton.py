@@ -24,7 +24,7 @@ from autoprec.kernels.numerics_triton import (
     round_to_element,
     sr_hash_bits,
 )
-from autoprec.kernels.nvfp4_ref import nvfp4_encode_scale, scale_to_block
+from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import sr_bits, stream_keys
 
@@ -44,6 +44,7 @@ MXFP8_GPU_CONFIGS = CONFIGS[1:]
 # The SR stream's keys travel as scalar kernel arguments, not as a tensor: a tensor made from host ints is a
 # host-to-device copy, which waits for the GPU. Not specialized: every quantization has new keys.
 KEY_ARGS = ["k1", "k2"]
+ONE_SIXTH = tl.constexpr(_ONE_SIXTH)  # fp32(1/6)
 
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
@@ -89,11 +90,27 @@ def _load_rand(rand_ptr, k1, k2, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, B
 
 
 @triton.jit
-def _amax_kernel(x_ptr, m_ptr, out_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
-    """Per-program partial max|x| over the finite values."""
+def _amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """max|x| over the finite values, into the int32 at ``amax_ptr`` (zeroed first) by ``atomic_max_bits``."""
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    amax = tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR, BK, RHT)
-    tl.store(out_ptr + pid_r * tl.num_programs(1) + pid_k, amax)
+    atomic_max_bits(amax_ptr, tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR, BK, RHT))
+
+
+@triton.jit
+def atomic_max_bits(ptr, amax):
+    """Max of a non-negative fp32 into an int32 cell holding fp32 bits: such floats order as their bits do,
+    so an integer atomic max is exact."""
+    tl.atomic_max(ptr, amax.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def tensor_scales(amax_ptr):
+    """NVFP4's (S_enc · fp32(1/6), S_dec = 1 / S_enc) from the tensor amax's bits at ``amax_ptr``, as
+    ``nvfp4_encode_scale`` and ``scale_to_block`` compute them (IEEE division, one fp32 rounding each)."""
+    amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
+    s_enc = tl.minimum(tl.math.div_rn(tl.full((), 448.0 * 6.0, tl.float32), amax), FLT_MAX)  # amax 0: Inf, clamped
+    s_enc = tl.where(amax > 0, s_enc, 1.0)
+    return s_enc * ONE_SIXTH, tl.math.div_rn(tl.full((), 1.0, tl.float32), s_enc)
 
 
 @triton.jit
@@ -106,20 +123,21 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
 
 @triton.autotune(configs=_configs(CONFIGS), key=["R", "K", "RHT", "SR", "TILE2D"])
 @triton.jit(do_not_specialize=KEY_ARGS)
-def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                   R, K, s_r, s_k, r_r, r_k,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
                   TILE2D: tl.constexpr):
-    nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr, R, K, s_r, s_k,
+    nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k,
                r_r, r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH, TILE2D)
 
 
 @triton.jit
-def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr, sdec_ptr,
+def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
                TILE2D: tl.constexpr):
-    """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to NVFP4 along K."""
+    """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to NVFP4 along K, with the tensor
+    scales of the amax bits at ``amax_ptr``; tile (0, 0) writes the tensor's decode scale to ``ts_ptr``."""
     NB: tl.constexpr = BK // 16
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
@@ -131,8 +149,9 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, senc6_ptr,
     if TILE2D:
         amax = tl.max(tl.reshape(amax, (BR // 16, 16, NB)), 1)
         bad = tl.max(tl.reshape(bad, (BR // 16, 16, NB)), 1)
-    s_enc6 = tl.load(senc6_ptr)
-    s_dec = tl.load(sdec_ptr)
+    s_enc6, s_dec = tensor_scales(amax_ptr)
+    if pid_r == 0 and pid_k == 0:
+        tl.store(ts_ptr, s_dec)
     s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
     s_b = tl.where(bad != 0, float("nan"), s_b)
     e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
@@ -283,19 +302,17 @@ def quantize_triton(
     stored = tuple(x.movedim(axis, -1).shape)
     common = dict(RHT=rht, SR=rand is not None or hashed, HASH=hashed)
     if fmt is NVFP4:
-        amax_grid = (triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))
-        partial = torch.empty(amax_grid[0] * amax_grid[1], device=x.device, dtype=torch.float32)
-        _amax_kernel[amax_grid](m, mt, partial, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
-        amax = partial.amax()  # finite values only, as the reference
-        s_enc = nvfp4_encode_scale(amax)
-        s_dec = 1.0 / s_enc
+        amax = torch.zeros((), device=x.device, dtype=torch.int32)  # fp32 bits; finite values only
+        _amax_kernel[(triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))](
+            m, mt, amax, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
         scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
         scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
-        _nvfp4_kernel[grid](m, mt, r_m, *keys, codes, scales, scale_to_block(s_enc), s_dec,
+        s_dec = torch.empty((), device=x.device, dtype=torch.float32)
+        _nvfp4_kernel[grid](m, mt, r_m, *keys, codes, scales, amax, s_dec,
                             n_rows, k, m.stride(0), m.stride(1), *r_strides, TILE2D=tile2d, **common)
-        return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec.reshape(()),
-                               axis, x.shape, 16 if tile2d else 1)
+        return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec, axis, x.shape,
+                               16 if tile2d else 1)
     elem = fmt.elem
     codes = torch.empty(stored, device=x.device, dtype=torch.uint8)
     scales = torch.empty(stored[:-1] + (k // 32,), device=x.device, dtype=torch.uint8)

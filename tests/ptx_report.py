@@ -80,7 +80,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,
                                                               "OUT_BF16": True, "BM": dec.EPILOGUE_M,
                                                               "BN": dec.EPILOGUE_N}, {}))
-    nvfp4 = QUANT_POINTERS | {"senc6_ptr": "*fp32", "sdec_ptr": "*fp32"} | SIZES
+    nvfp4 = QUANT_POINTERS | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | SIZES
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
           "FLOOR": False, "SR": True}
     for suffix, hashed in (("", False), ("_hashed", True)):  # SR bits loaded, or hashed in the kernel
@@ -95,7 +95,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                     QUANT_BLOCKS | tile | {"SR": True, "HASH": True, "TILE2D": False}, opts))
         out.append((f"quantize_mxfp8_hashed_{tag}", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES,
                     QUANT_BLOCKS | mx | tile | {"HASH": True}, opts))
-    amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32",
+    amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))
     return out + dual_kernels(mx)
@@ -106,13 +106,13 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     head = {"x_ptr": "*fp32", "m_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32"}
 
     def side(s: str, nvfp4: bool) -> dict:
-        ts = {f"senc6_{s}": "*fp32", f"sdec_{s}": "*fp32"} if nvfp4 else {}
+        ts = {f"amax_{s}": "*i32", f"ts_{s}": "*fp32"} if nvfp4 else {}
         return {f"k1_{s}": "i32", f"k2_{s}": "i32", f"codes_{s}": "*u8", f"scales_{s}": "*u8"} | ts | {f"i{s}_r": "i32",
                                                                                       f"i{s}_k": "i32"}
 
     flags = {"RHT_A": True, "SR_A": True, "RHT_B": True, "SR_B": True}
-    amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "out_a": "*fp32", "out_b": "*fp32", "R": "i32", "K": "i32",
-            "s_r": "i32", "s_k": "i32", "n_k": "i32"}
+    amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
+            "s_k": "i32"}
     mx = {k: v for k, v in mx.items() if k != "SR"}
     out = []
     for cfg in qd.CONFIGS:
