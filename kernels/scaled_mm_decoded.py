@@ -1,6 +1,7 @@
 """Block-scaled matmul as two library-grade steps, for GPUs without block-scaled MMA (sm_90): each operand
-decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact: the decode the tensor-core
-kernel does in registers, with the same range check), then cuBLAS's bf16 GEMM accumulating in fp32
+decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact for NVFP4 and for MXFP8 scale
+exponents away from E8M0's ends; where a value is not a bf16 normal the kernel sets a device flag, and the
+fp32 Triton kernel recomputes the product in place), then cuBLAS's bf16 GEMM accumulating in fp32
 (``torch.mm(..., out_dtype=torch.float32)``). One Triton pass then multiplies the fp32 product by the NVFP4
 tensor scales, adds the bias and rounds once to the output dtype, in the reference's order. MXFP8 without
 bias to bf16 skips that pass (cuBLAS rounds its fp32 accumulator once) when
