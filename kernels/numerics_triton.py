@@ -92,19 +92,6 @@ def encode_e2m1(v):
 
 
 @triton.jit
-def e2m1_rne_code(v):
-    """4-bit codes (in int32) of fp32 values rounded to nearest-even onto the E2M1 grid, saturating at 6: the
-    magnitude's code counts the midpoints of the grid {0, .5, 1, 1.5, 2, 3, 4, 6} below it (a tie rounds to
-    the even code: strict above .25, 1.25, 2.5, 5, inclusive at .75, 1.75, 3.5). NaN encodes as 0, as
-    ``encode_e2m1(round_to_element(...))`` gives."""
-    bits = v.to(tl.int32, bitcast=True)
-    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
-    return tl.where(v != v, 0, mag | ((bits >> 28) & 0x8))
-
-
-@triton.jit
 def decode_e2m1(c):
     """fp32 value of 4-bit E2M1 codes held in an int tensor."""
     c = c.to(tl.int32)

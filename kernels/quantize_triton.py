@@ -17,7 +17,6 @@ from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
 from autoprec.kernels.numerics_triton import (
     FLT_MAX,
     clamp_keep_nan,
-    e2m1_rne_code,
     encode_e2m1,
     encode_float8,
     floor_log2,
@@ -173,10 +172,8 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
     rand = 0
     if SR:
         rand = _load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH)
-    if SR:
-        codes = encode_e2m1(round_to_element(clamp_keep_nan(y * e_b[:, :, None], -6.0, 6.0), rand, 1, 0, 6.0, True))
-    else:
-        codes = e2m1_rne_code(y * e_b[:, :, None])
+    v = clamp_keep_nan(y * e_b[:, :, None], -6.0, 6.0)
+    codes = encode_e2m1(round_to_element(v, rand, 1, 0, 6.0, SR))
     lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
     pcols = col0 // 2 + tl.arange(0, BK // 2)
