@@ -1,8 +1,9 @@
 """Compile every GPU kernel for sm_90 and sm_100 without a GPU and report, as JSON on stdout, whether its
 PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the tensor-core GEMM
 (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS GEMM,
-and the quantizers (SR and RHT on). Run in a process without TRITON_INTERPRET (the interpreter replaces
-Triton's compiler): ``python tests/ptx_report.py``."""
+and the quantizers (SR and RHT on; and the fprop row quantizers as a launch specializes them, with their SASS
+instruction counts). Run in a process without TRITON_INTERPRET (the interpreter replaces Triton's compiler):
+``python tests/ptx_report.py``."""
 from __future__ import annotations
 
 import json
@@ -98,6 +99,14 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))
+    # the fprop case as a launch compiles it: rows of a row-major bf16 tensor (unit stride, a constant 1 in
+    # Triton's specialization), aligned pointers, round-to-nearest
+    rows = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": False, "SR": False, "HASH": False, "s_k": 1, "r_k": 1}
+    bf16 = {"x_ptr": "*bf16"}
+    out.append(("quantize_nvfp4_rows_launch", qt._nvfp4_kernel.fn, nvfp4 | bf16, rows | {"TILE2D": False},
+                {LAUNCH_ALIGNED: True}))
+    out.append(("quantize_mxfp8_rows_launch", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16, rows | mx,
+                {LAUNCH_ALIGNED: True}))
     return out + dual_kernels(mx)
 
 
@@ -127,12 +136,35 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     return out
 
 
+def sass_instructions(cubin: bytes) -> int:
+    """How many instructions the cubin's SASS has (a static count: loops unrolled by Triton count in full)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    return len(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]\s+)?[A-Z]", text))
+
+
+LAUNCH_ALIGNED = "aligned"  # a launch option of this report: compile as Triton specializes a launch (see below)
+
+
 def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: int) -> dict:
-    src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const)
+    """Compile one kernel for sm_``cap``. With ``options[LAUNCH_ALIGNED]``, every pointer is declared 16-byte
+    aligned and every size and stride a multiple of 16, as Triton declares a launch's arguments that are (the
+    SR keys excepted: never specialized); that is what lets it vectorize loads."""
+    options = dict(options)
+    attrs = {}
+    if options.pop(LAUNCH_ALIGNED, False):
+        names = kernel.arg_names
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+                 if n not in const and n not in qt.KEY_ARGS}
+    src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
     return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
+            "vector_loads": "ld.global.v4" in ptx, "instructions": sass_instructions(k.asm["cubin"]),
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 
