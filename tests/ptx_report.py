@@ -143,7 +143,7 @@ def sass_instructions(cubin: bytes) -> int:
         f.write(cubin)
         f.flush()
         text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    return len(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]\s+)?[A-Z]", text))
+    return len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?[A-Z]", text))
 
 
 LAUNCH_ALIGNED = "aligned"  # a launch option of this report: compile as Triton specializes a launch (see below)
