@@ -15,8 +15,9 @@ TILE = 16
 DEFAULT_RHT_SEED = 0
 
 
+@functools.cache
 def sylvester_hadamard(n: int = TILE) -> torch.Tensor:
-    """Unnormalised ±1 Sylvester Hadamard matrix of size n (a power of two)."""
+    """Unnormalised ±1 Sylvester Hadamard matrix of size n (a power of two); built once, shared: read only."""
     h = torch.ones(1, 1)
     while h.shape[0] < n:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
