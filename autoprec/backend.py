@@ -107,7 +107,8 @@ class _Variant:
         return self.fns[key]
 
     def __call__(self, *args):
-        step = torch.tensor(self.state.next_step(), dtype=torch.int64)
+        # filled on the graph's device (a kernel taking the count as an argument: no copy from the host)
+        step = torch.full((), self.state.next_step(), dtype=torch.int64, device=self.owner.step_device)
         return self.compiled()(*args, step)
 
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
@@ -294,9 +295,10 @@ class _Variant:
         return self._inner_compiler()(gm, example_inputs)
 
 
-def _with_step_input(gm: fx.GraphModule, example_inputs: list) -> tuple[fx.GraphModule, list]:
-    """A copy of ``gm`` (dynamo keeps reading the original) with a last input for the call counter, and
-    the example inputs with its example."""
+def _with_step_input(gm: fx.GraphModule, example_inputs: list,
+                     device: torch.device) -> tuple[fx.GraphModule, list]:
+    """A copy of ``gm`` (dynamo keeps reading the original) with a last input for the call counter, a 0-d
+    int64 tensor on ``device``, and the example inputs with its example."""
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     phs = graph.find_nodes(op="placeholder")
@@ -304,7 +306,7 @@ def _with_step_input(gm: fx.GraphModule, example_inputs: list) -> tuple[fx.Graph
     with where:
         node = graph.placeholder(STEP_INPUT)
     fake_mode = detect_fake_mode(example_inputs)
-    value = torch.zeros((), dtype=torch.int64)
+    value = torch.zeros((), dtype=torch.int64, device=device)
     value = fake_mode.from_tensor(value) if fake_mode is not None else value
     node.meta["example_value"] = node.meta["val"] = value
     return fx.GraphModule(gm, graph), [*example_inputs, value]
@@ -320,7 +322,11 @@ class CompiledGraph:
         self.sources = [_source_name(n) for n in phs]
         fakes = [n.meta.get("example_value") for n in phs]
         inputs = fakes if all(f is not None for f in fakes) else list(example_inputs)
-        self.gm, self.example_inputs = _with_step_input(gm, inputs)
+        # the call counter lives where the graph computes: GPU kernels read it there (and a CUDA graph can
+        # capture a step that reads it), CPU ones read it as a number
+        self.step_device = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"),
+                                torch.device("cpu"))
+        self.gm, self.example_inputs = _with_step_input(gm, inputs, self.step_device)
         self.variants: dict[tuple[int, ...], _Variant] = {}
         self._variant(list(example_inputs)).compiled()
 

@@ -28,7 +28,7 @@ from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
-from autoprec.kernels.random_bits import sr_bits
+from autoprec.kernels.random_bits import StepStream, sr_bits
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -70,7 +70,7 @@ def quantize(
     axis: int = -1,
     *,
     rounding: str = "rne",
-    seed: int = 0,
+    seed: int | StepStream = 0,
     rand: torch.Tensor | None = None,
     tile2d: bool = False,
     scale_mode: str = "rceil",
@@ -97,8 +97,8 @@ def quantize(
     if part and rand is None and _use_cpu_fused(x):
         from autoprec.kernels.cpu_fused import quantize_cpu
 
-        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, scale_mode=scale_mode, rht=rht,
-                            rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches)
+        return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
+                            rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches)
     q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs)
     return _part_of(q, rows, batches) if part else q
 
@@ -134,12 +134,14 @@ def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
     return None
 
 
-def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, tile2d: bool, scale_mode: str,
-                    rht: bool, rht_signs) -> QuantizedTensor:
+def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepStream, rand, tile2d: bool,
+                    scale_mode: str, rht: bool, rht_signs) -> QuantizedTensor:
+    """One quantization of the whole tensor; only the Triton kernels take a ``StepStream`` as it is (its step
+    read on the device), the other paths read its value."""
     if rand is None and _use_cpu_fused(x):
         from autoprec.kernels.cpu_fused import quantize_cpu
 
-        return quantize_cpu(x, fmt, axis, seed=seed if rounding == "sr" else None, tile2d=tile2d,
+        return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
     rand = rand if rounding == "sr" else None
     if _use_triton(x.device, quantize_supports(x)):
@@ -149,7 +151,7 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int, rand, t
         return quantize_triton(x, fmt, axis, rand=rand, seed=stream, tile2d=tile2d, scale_mode=scale_mode,
                                rht=rht, rht_signs_=rht_signs)
     if rounding == "sr" and rand is None:
-        rand = sr_bits(x.shape, seed, x.device)
+        rand = sr_bits(x.shape, int(seed), x.device)
     if rht:
         x = rht_ref(x, axis, rht_signs)
     return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode)

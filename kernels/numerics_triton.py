@@ -128,6 +128,14 @@ def _mix32(x):
 
 
 @triton.jit
+def step_stream_keys(seed_key, step_ptr):
+    """random_bits.stream_keys of the stream ``sr_stream(seed, step)`` with ``seed_key`` = mix32(seed) (uint32)
+    and the int64 step read at ``step_ptr``: the stream's low word is the step's, its high word the seed."""
+    k1 = _mix32(tl.load(step_ptr).to(tl.uint32) ^ seed_key)
+    return k1, _mix32(k1 ^ tl.full((), 0x9E3779B9, tl.uint32))
+
+
+@triton.jit
 def sr_hash_bits(idx, k1, k2):
     """random_bits.sr_bits computed in place: the 24 random bits of the elements at int64 row-major
     indices ``idx`` of the stream with keys ``k1``, ``k2`` (uint32)."""

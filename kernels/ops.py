@@ -11,7 +11,7 @@ from autoprec.formats import BF16, NVFP4, get_format
 from autoprec.kernels import dispatch, grouped
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor, normalize_axis
-from autoprec.kernels.random_bits import sr_stream
+from autoprec.kernels.random_bits import StepStream
 
 Tensor = torch.Tensor
 
@@ -28,12 +28,11 @@ def quantize(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8. With SR,
     the bits hash ``seed`` and ``step`` (the model's call counter when the forward ran: a
-    backward quantization reads the step of its own forward, so each micro-batch draws fresh bits).
-    The RHT signs come from ``rht_seed``."""
-    if rounding == "sr":
-        seed = sr_stream(seed, int(step))
-    return _parts(dispatch.quantize(x, fmt, axis, rounding=rounding, seed=seed, tile2d=tile2d, scale_mode=scale_mode,
-                                    rht=rht, rht_signs=rht_signs(rht_seed) if rht else None))
+    backward quantization reads the step of its own forward, so each micro-batch draws fresh bits; a
+    ``StepStream``: a GPU kernel reads ``step`` where it lives). The RHT signs come from ``rht_seed``."""
+    stream = StepStream(seed, step) if rounding == "sr" else seed
+    return _parts(dispatch.quantize(x, fmt, axis, rounding=rounding, seed=stream, tile2d=tile2d,
+                                    scale_mode=scale_mode, rht=rht, rht_signs=rht_signs(rht_seed) if rht else None))
 
 
 @quantize.register_fake
@@ -50,7 +49,7 @@ def quantize_dual(
     (b: along dim 0), from one read of ``x`` where the Triton kernel runs. Copy a (b) is the quantization
     ``quantize`` makes of x, or of x.t() where ``transposed_a`` (``transposed_b``): the op replaces two
     such quantize nodes (passes/pair_quantize.py) and makes their bytes."""
-    copies = [QuantCopy(sr_stream(seed, int(step)) if rounding == "sr" else None, rht, t)
+    copies = [QuantCopy(StepStream(seed, step) if rounding == "sr" else None, rht, t)
               for rounding, seed, rht, t in ((rounding_a, seed_a, rht_a, transposed_a),
                                              (rounding_b, seed_b, rht_b, transposed_b))]
     signs = rht_signs(rht_seed) if rht_a or rht_b else None

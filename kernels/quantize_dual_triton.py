@@ -89,7 +89,8 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
 
     # SR index strides of each copy's (rows, K) view, in row-major indices of its source (x or x.t())
     ia, ib = (_index_strides(src.shape, axis) for src, axis in (rows.source(x, 1), cols.source(x, 0)))
-    keys = kernel_keys(rows.seed), kernel_keys(cols.seed)
+    # hashed with keys given on the host (a StepStream's step is read here: this kernel runs only in the interpreter)
+    keys = tuple(kernel_keys(None if c.seed is None else int(c.seed)) for c in (rows, cols))
     grid = lambda meta: (triton.cdiv(n_rows, meta["B"]), triton.cdiv(k, meta["B"]))  # noqa: E731
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
     if fmt is NVFP4:

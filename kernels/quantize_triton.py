@@ -23,10 +23,11 @@ from autoprec.kernels.numerics_triton import (
     pow2,
     round_to_element,
     sr_hash_bits,
+    step_stream_keys,
 )
 from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
-from autoprec.kernels.random_bits import sr_bits, stream_keys
+from autoprec.kernels.random_bits import M32, StepStream, mix32, sr_bits, stream_keys
 
 BLOCK_R = 16  # the amax pass's tile, and the first (interpreter's) config of the quantize kernels
 BLOCK_K = 64
@@ -76,13 +77,17 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
 @triton.jit
 def _load_rand(rand_ptr, k1, k2, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr,
                HASH: tl.constexpr):
-    """SR bits of a [BR, BK/16, 16] tile: with HASH computed from the stream's keys (int32 scalars holding the
-    uint32 bits) and each element's row-major index in the tensor (``s_r``, ``s_k``: the index strides of the
-    (R, K) view), else loaded."""
+    """SR bits of a [BR, BK/16, 16] tile: with HASH computed from the stream's keys and each element's
+    row-major index in the tensor (``s_r``, ``s_k``: the index strides of the (R, K) view), else (HASH 0) loaded
+    from ``rand_ptr``. HASH 1: the keys are ``k1``, ``k2`` (int32 scalars holding the uint32 bits); HASH 2: the
+    stream is a ``StepStream``, ``k1`` holds mix32 of its seed and ``rand_ptr`` points at its step."""
     cols = col0 + tl.arange(0, BK // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
     if HASH:  # one return: the other branch (not compiled) may see a rand_ptr of another type
         idx = rows.to(tl.int64)[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
-        bits = sr_hash_bits(idx, k1.to(tl.uint32, bitcast=True), k2.to(tl.uint32, bitcast=True))
+        a, b = k1.to(tl.uint32, bitcast=True), k2.to(tl.uint32, bitcast=True)
+        if HASH == 2:
+            a, b = step_stream_keys(a, rand_ptr)
+        bits = sr_hash_bits(idx, a, b)
     else:
         mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
         bits = tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
@@ -247,11 +252,13 @@ def _index_strides(shape: torch.Size, axis: int) -> tuple[int, int] | None:
         return None
 
 
-def kernel_keys(stream: int | None) -> tuple[int, int]:
-    """The two 32-bit keys of an SR stream as int32 kernel arguments (the same bits; 0, 0 without SR)."""
+def kernel_keys(stream: int | StepStream | None) -> tuple[int, int]:
+    """The kernels' ``k1``, ``k2`` of an SR stream as int32 arguments holding uint32 bits: the stream's two keys;
+    for a ``StepStream``, mix32 of its seed (the kernel derives the keys with its step); 0, 0 without SR."""
     if stream is None:
         return 0, 0
-    return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in stream_keys(stream))
+    keys = (mix32(stream.seed & M32), 0) if isinstance(stream, StepStream) else stream_keys(stream)
+    return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in keys)
 
 
 _RHT_MATRICES: dict[tuple[bytes, torch.device], torch.Tensor] = {}
@@ -275,7 +282,7 @@ def quantize_triton(
     axis: int = -1,
     *,
     rand: torch.Tensor | None = None,
-    seed: int | None = None,
+    seed: int | StepStream | None = None,
     tile2d: bool = False,
     scale_mode: str = "rceil",
     rht: bool = False,
@@ -283,24 +290,26 @@ def quantize_triton(
 ) -> QuantizedTensor:
     """Triton quantize of ``x`` (already checked by ``supports``) along ``axis``; the RHT, if asked,
     is applied along ``axis`` inside the kernel. Stochastic rounding takes its bits from ``rand`` or,
-    given the stream ``seed`` instead, computes ``sr_bits(x.shape, seed)`` in the kernel (no pass over
-    memory; a 3D tensor blocked along its middle dim materialises them)."""
+    given the stream ``seed`` instead (an int, or a ``StepStream`` whose step the kernel reads on the device),
+    computes ``sr_bits(x.shape, seed)`` in the kernel (no pass over memory; a 3D tensor blocked along its
+    middle dim materialises them)."""
     axis = normalize_axis(axis, x.ndim)
     m = _as_matrix(x, axis)
     n_rows, k = m.shape
     hashed = seed is not None and rand is None and (index := _index_strides(x.shape, axis)) is not None
     keys = kernel_keys(seed if hashed else None)
-    if hashed:
-        r_m, r_strides = m, index
+    if hashed:  # rand_ptr: unused, or the step of a StepStream
+        r_m, r_strides = seed.step if isinstance(seed, StepStream) else m, index
     else:
         if seed is not None and rand is None:
-            rand = sr_bits(x.shape, seed, x.device)
+            rand = sr_bits(x.shape, int(seed), x.device)
         r_m = _as_matrix(rand, axis) if rand is not None else m
         r_strides = r_m.stride()
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (triton.cdiv(n_rows, meta["BR"]), triton.cdiv(k, meta["BK"]))  # noqa: E731
     stored = tuple(x.movedim(axis, -1).shape)
-    common = dict(RHT=rht, SR=rand is not None or hashed, HASH=hashed)
+    common = dict(RHT=rht, SR=rand is not None or hashed, HASH=(2 if isinstance(seed, StepStream) else 1) if hashed
+                  else 0)
     if fmt is NVFP4:
         amax = torch.zeros((), device=x.device, dtype=torch.int32)  # fp32 bits; finite values only
         _amax_kernel[(triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))](

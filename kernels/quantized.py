@@ -7,6 +7,7 @@ import torch
 
 from autoprec.formats import Format
 from autoprec.kernels.mode import kernel_mode
+from autoprec.kernels.random_bits import StepStream
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class QuantCopy:
     nearest), the RHT along its block axis, and ``transposed_source``: it is the quantization of x.t() (its
     SR bits index x.t()), as a graph's wgrad operand read through a transpose is."""
 
-    seed: int | None = None
+    seed: int | StepStream | None = None
     rht: bool = False
     transposed_source: bool = False
 

@@ -8,6 +8,8 @@ product is formed from 16-bit halves, so int64 arithmetic stays exact (no signed
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 SR_BITS = 24  # random bits consumed per stochastically rounded value
@@ -19,6 +21,19 @@ def sr_stream(seed: int, step: int) -> int:
     """The stream of one quantization: the GEMM operand's ``seed`` (< 2**31) and the model's call
     counter ``step`` (< 2**32) packed into one 63-bit integer, so no two (GEMM, step) pairs share bits."""
     return (seed << 32) | (step & M32)
+
+
+@dataclass(frozen=True)
+class StepStream:
+    """The stream ``sr_stream(seed, step)`` whose ``step`` (the model's call counter) is a 0-d int64 tensor,
+    on the quantized tensor's device: the Triton quantizers read it there, so nothing waits for the GPU and a
+    CUDA graph replays with each step's own bits. ``int()`` is the stream, read on the host."""
+
+    seed: int
+    step: torch.Tensor
+
+    def __int__(self) -> int:
+        return sr_stream(self.seed, int(self.step))
 
 
 def group_seed(seed: int, group: int) -> int:

@@ -165,3 +165,27 @@ def test_gpu_training_steps_match_the_cpu(fresh_dynamo, recipe, inner):
     for g, c in zip(gpu[1:], cpu[1:]):
         cos = torch.nn.functional.cosine_similarity(g.flatten(), c.flatten(), dim=0)
         assert cos > 0.99, f"gradient cosine {cos:.4f}"
+
+
+def test_gpu_reduce_overhead_mode_captures_the_planned_step(fresh_dynamo):
+    """torch.compile's mode="reduce-overhead" (CUDA graphs): inductor captures the planned graphs (it skips
+    none: the step counter is a device tensor and no op waits for the GPU), and each replay draws its own
+    step's SR bits: every step's gradients equal those of the default mode, and differ from step to step."""
+    def gradients(mode: str | None) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).cuda()
+        compiled = torch.compile(model, backend="autoprec", mode=mode, options={"recipe": "nvfp4_nvidia"})
+        idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=128, vocab=512))
+        out = []
+        for _ in range(4):
+            model.zero_grad()
+            compiled(idx, tgt).backward()
+            out.append(model.blocks[0].mlp.fc1.weight.grad.clone())
+        return out
+
+    torch._dynamo.utils.counters.clear()
+    graphed = gradients("reduce-overhead")
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
+    assert all(torch.equal(g, e) for g, e in zip(graphed, gradients(None)))
+    assert not torch.equal(graphed[2], graphed[3])

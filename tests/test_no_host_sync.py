@@ -14,10 +14,11 @@ from autoprec.formats import get_format
 from autoprec.kernels import dequantize_ref, dispatch, quantize_ref
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.quantize_triton import quantize_triton
+from autoprec.kernels.random_bits import StepStream, sr_stream
 from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded
 from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch
 
-from helpers import to_device
+from helpers import bits_equal, to_device
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # ops that read a device value on the host or turn host data into a tensor
@@ -98,3 +99,27 @@ def test_decode_flags_only_values_bf16_does_not_hold():
     flag.fill_(1)
     launch((32, 16, 32), oa, ob, None, torch.float32, DOT_FP32, out=out, flag=flag)
     assert torch.equal(out, launch((32, 16, 32), oa, ob, None, torch.float32, DOT_FP32))
+
+
+@pytest.mark.parametrize("fmt,axis", [("nvfp4", 1), ("nvfp4", 0), ("mxfp8", 1), ("mxfp8_e5m2", 0)])
+def test_step_read_on_the_device_draws_the_streams_bits(fmt, axis):
+    """A ``StepStream`` (the model's call counter as a tensor, as compiled graphs pass it) gives the bytes of
+    the stream ``sr_stream(seed, step)`` given as an int, the step's low word read by the kernel."""
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    for seed, step in ((3, 7), (2**31 - 5, 2**32 + 9)):
+        stream = StepStream(seed, torch.tensor(step, device=DEVICE))
+        got = quantize_triton(x, get_format(fmt), axis, seed=stream, rht=fmt == "nvfp4")
+        want = quantize_triton(x, get_format(fmt), axis, seed=sr_stream(seed, step), rht=fmt == "nvfp4")
+        assert int(stream) == sr_stream(seed, step)
+        assert all(bits_equal(getattr(got, f), getattr(want, f)) for f in ("codes", "scales"))
+
+
+def test_sr_quantize_op_reads_no_step_on_the_host(monkeypatch):
+    """The graph's quantize op hands the step tensor to the Triton kernel rather than reading it."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    x, step = torch.randn(64, 64).to(DEVICE), torch.tensor(11, device=DEVICE)
+    op = torch.ops.autoprec.quantize.default
+    op(x, "nvfp4", 0, "sr", 3, False, "rceil", True, 0, step)  # compiled outside the check
+    with HostReads() as rec:
+        op(x, "nvfp4", 0, "sr", 3, False, "rceil", True, 0, step)
+    assert rec.found == []
