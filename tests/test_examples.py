@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,8 @@ def test_quality_benchmark_moe_option(tmp_path):
                               "--recipes", "bf16", "--out", str(tmp_path), "--resume"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "was run with moe=4, this run has moe=0" in refused.stderr
+
+
+def test_host_overhead_benchmark_times_every_op():
+    out = run("benchmarks/host_overhead.py", "--calls", "5")
+    assert len(re.findall(r"^  (quantize|scaled_mm) .* us$", out, re.M)) == 5
