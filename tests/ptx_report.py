@@ -43,13 +43,17 @@ def constexprs(fmt: str) -> dict:
                   "BK": tc.BLOCK_K, "GUARDED": False}
 
 
-def resource_usage(cubin: bytes) -> dict:
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """What Triton's bundled ``cuobjdump`` prints for ``cubin`` with ``flag``."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+) STACK:(\d+)", text)
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
+
+
+def resource_usage(cubin: bytes) -> dict:
+    m = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(cubin, "--dump-resource-usage"))
     return {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {}
 
 
@@ -138,12 +142,7 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 
 def sass_instructions(cubin: bytes) -> int:
     """How many instructions the cubin's SASS has (a static count: loops unrolled by Triton count in full)."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    return len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?[A-Z]", text))
+    return len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?[A-Z]", cuobjdump(cubin, "-sass")))
 
 
 LAUNCH_ALIGNED = "aligned"  # a launch option of this report: compile as Triton specializes a launch (see below)
