@@ -25,9 +25,10 @@ from autoprec.kernels.numerics_triton import (
     sr_hash_bits,
     step_stream_keys,
 )
+from autoprec.kernels.nvfp4_ref import FP4_TIMES_FP8_MAX as _FP4_TIMES_FP8_MAX
 from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
-from autoprec.kernels.random_bits import M32, StepStream, mix32, sr_bits, stream_keys
+from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
 
 BLOCK_R = 16  # the amax pass's tile, and the first (interpreter's) config of the quantize kernels
 BLOCK_K = 64
@@ -46,6 +47,7 @@ MXFP8_GPU_CONFIGS = CONFIGS[1:]
 # host-to-device copy, which waits for the GPU. Not specialized: every quantization has new keys.
 KEY_ARGS = ["k1", "k2"]
 ONE_SIXTH = tl.constexpr(_ONE_SIXTH)  # fp32(1/6)
+FP4_TIMES_FP8_MAX = tl.constexpr(_FP4_TIMES_FP8_MAX)  # 6 · 448
 
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
@@ -113,7 +115,7 @@ def tensor_scales(amax_ptr):
     """NVFP4's (S_enc · fp32(1/6), S_dec = 1 / S_enc) from the tensor amax's bits at ``amax_ptr``, as
     ``nvfp4_encode_scale`` and ``scale_to_block`` compute them (IEEE division, one fp32 rounding each)."""
     amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
-    s_enc = tl.minimum(tl.math.div_rn(tl.full((), 448.0 * 6.0, tl.float32), amax), FLT_MAX)  # amax 0: Inf, clamped
+    s_enc = tl.minimum(tl.math.div_rn(tl.full((), FP4_TIMES_FP8_MAX, tl.float32), amax), FLT_MAX)  # 0: Inf, clamped
     s_enc = tl.where(amax > 0, s_enc, 1.0)
     return s_enc * ONE_SIXTH, tl.math.div_rn(tl.full((), 1.0, tl.float32), s_enc)
 
@@ -257,7 +259,7 @@ def kernel_keys(stream: int | StepStream | None) -> tuple[int, int]:
     for a ``StepStream``, mix32 of its seed (the kernel derives the keys with its step); 0, 0 without SR."""
     if stream is None:
         return 0, 0
-    keys = (mix32(stream.seed & M32), 0) if isinstance(stream, StepStream) else stream_keys(stream)
+    keys = (stream.seed_key(), 0) if isinstance(stream, StepStream) else stream_keys(stream)
     return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in keys)
 
 

@@ -35,6 +35,11 @@ class StepStream:
     def __int__(self) -> int:
         return sr_stream(self.seed, int(self.step))
 
+    def seed_key(self) -> int:
+        """mix32 of the stream's high word (its seed): ``stream_keys`` with the step's low word, as a kernel
+        holding the step computes it, is ``k1 = mix32(step ^ seed_key)``, ``k2 = mix32(k1 ^ GOLDEN)``."""
+        return mix32(self.seed & M32)
+
 
 def group_seed(seed: int, group: int) -> int:
     """The operand seed of group ``group`` of a grouped GEMM (one expert's tokens or weight): each group is

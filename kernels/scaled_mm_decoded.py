@@ -18,16 +18,7 @@ import triton
 import triton.language as tl
 
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_triton import (
-    BLOCK_K,
-    BLOCK_M,
-    BLOCK_N,
-    DOT_FP32,
-    apply_tensor_scales,
-    decode_tile,
-    launch,
-    store_tile,
-)
+from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, scaled_mm_triton, store_tile
 
 DECODE_R, DECODE_K = 64, 64
 EPILOGUE_M, EPILOGUE_N = 32, 128
@@ -107,5 +98,5 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
                                HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
                                BN=EPILOGUE_N)
     if flag is not None:
-        launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, DOT_FP32, out=out, flag=flag)
+        scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)
     return out

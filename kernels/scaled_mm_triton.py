@@ -134,6 +134,8 @@ def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Ten
     return out
 
 
-def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(M, K) · (N, K)ᵀ -> (M, N) with tiles decoded to fp32 and an fp32 (IEEE) dot."""
-    return launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, DOT_FP32)
+def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, *,
+                     out: torch.Tensor | None = None, flag: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, K) · (N, K)ᵀ -> (M, N) with tiles decoded to fp32 and an fp32 (IEEE) dot; ``out`` and ``flag`` as
+    ``launch`` takes them (a product written in place only where a device flag is set)."""
+    return launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, DOT_FP32, out=out, flag=flag)
