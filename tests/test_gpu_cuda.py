@@ -119,12 +119,19 @@ def test_gpu_quantize_and_matmul_never_wait_for_the_gpu(fmt):
         torch.cuda.set_sync_debug_mode("default")
 
 
+def compiled_gpt(device: str, options: dict, mode: str | None = None):
+    """(model, compiled model, tokens, targets): the small GPT these tests train, from seed 0, on ``device``."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).to(device)
+    compiled = torch.compile(model, backend="autoprec", mode=mode, options=options)
+    idx, tgt = (t.to(device) for t in tokens(batch=8, ctx=128, vocab=512))
+    return model, compiled, idx, tgt
+
+
 @pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8"])
 def test_gpu_compiled_training_step_never_waits_for_the_gpu(fresh_dynamo, recipe):
-    torch.manual_seed(0)
-    model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).cuda()
-    compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe})
-    idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=128, vocab=512))
+    _, compiled, idx, tgt = compiled_gpt("cuda", {"recipe": recipe})
     for sync_mode in ("default", "error"):  # the first step compiles and tunes
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode(sync_mode)
@@ -137,11 +144,7 @@ def test_gpu_compiled_training_step_never_waits_for_the_gpu(fresh_dynamo, recipe
 def step(device: str, options: dict) -> tuple[list[torch.Tensor], autoprec.Plan]:
     """Losses of three compiled training steps of a small GPT on ``device`` (the same batch, no optimizer),
     the last step's gradients, and the plan."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).to(device)
-    compiled = torch.compile(model, backend="autoprec", options=options)
-    idx, tgt = (t.to(device) for t in tokens(batch=8, ctx=128, vocab=512))
+    model, compiled, idx, tgt = compiled_gpt(device, options)
     losses = []
     for _ in range(3):  # the auto recipe calibrates on the first step
         model.zero_grad()
@@ -172,11 +175,7 @@ def test_gpu_reduce_overhead_mode_captures_the_planned_step(fresh_dynamo):
     none: the step counter is a device tensor and no op waits for the GPU), and each replay draws its own
     step's SR bits: every step's gradients equal those of the default mode, and differ from step to step."""
     def gradients(mode: str | None) -> list[torch.Tensor]:
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).cuda()
-        compiled = torch.compile(model, backend="autoprec", mode=mode, options={"recipe": "nvfp4_nvidia"})
-        idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=128, vocab=512))
+        model, compiled, idx, tgt = compiled_gpt("cuda", {"recipe": "nvfp4_nvidia"}, mode)
         out = []
         for _ in range(4):
             model.zero_grad()
