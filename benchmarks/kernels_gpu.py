@@ -113,8 +113,10 @@ def matmuls(m: int, n: int, k: int, peak: float) -> None:
             matmul = torch.backends.cuda.matmul
             allowed = matmul.allow_bf16_reduced_precision_reduction
             matmul.allow_bf16_reduced_precision_reduction = False
-            row("  no bf16 split-K sums", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
-            matmul.allow_bf16_reduced_precision_reduction = allowed
+            try:
+                row("  no bf16 split-K sums", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+            finally:
+                matmul.allow_bf16_reduced_precision_reduction = allowed
         if fmt != "bf16" and path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
             oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
             row("  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
