@@ -49,6 +49,7 @@ def test_quality_benchmark_writes_its_table_and_json(tmp_path):
     assert rows[("gpt", "auto@nv", 0)]["damage_table"] and "pred. damage" in out
     nvfp4 = next(line for line in out.splitlines() if line.startswith("nvfp4 "))
     assert nvfp4.split()[-1] != "-"  # fixed recipes are scored with the seed's auto calibration
+    assert (tmp_path / "quality_pareto.png").stat().st_size > 0 and (tmp_path / "quality_loss.png").exists()
 
 
 def test_quality_benchmark_moe_option(tmp_path):
