@@ -29,6 +29,7 @@ from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
 from autoprec.kernels.random_bits import StepStream, sr_bits
+from autoprec.kernels.scaled_grouped_mm_native import grouped_native_problem
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -218,8 +219,7 @@ def scaled_mm(
         raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
     device = oa.codes.device
     if _use_triton(device, scaled_mm_supports(oa, ob, out_dtype)):
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        path, _ = gemm_path(capability, oa, ob)
+        path, _ = gemm_path(device_capability(device), oa, ob)
         if path == "native":
             return scaled_mm_native(oa, ob, bias, out_dtype)
         if path == "decoded":
@@ -234,6 +234,11 @@ def scaled_mm(
 
         return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
     return _reference_scaled_mm(a, b, bias, out_dtype)
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA device (None for any other device)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
 def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tuple[str, str | None]:
@@ -259,6 +264,21 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
     if inexact:
         return "fp32", "; ".join(r for r in (why, inexact) if r)
     return "tensor_core", why or ("the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton")
+
+
+def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
+                      out_dtype: torch.dtype) -> tuple[str, str | None]:
+    """How a quantized grouped (experts) GEMM runs on a device of this compute capability (None: not a CUDA
+    GPU), given one group's operands (every group shares their formats, K and N), and why not natively:
+    ``native_grouped`` (one ``torch.nn.functional.scaled_grouped_mm`` call for every expert, sm_100 and
+    later, ``scaled_grouped_mm_native``), else ``per_group`` (one ``scaled_mm`` per group, each on the path
+    ``gemm_path`` picks)."""
+    if capability is None or capability < NATIVE_CAPABILITY:
+        return "per_group", "not an sm_100 or later GPU" if capability is None else f"sm_{capability[0]}{capability[1]}"
+    if kernel_mode() != "auto":
+        return "per_group", f"AUTOPREC_KERNELS={kernel_mode()}"
+    why = grouped_native_problem(layout, a, b, out_dtype)
+    return ("per_group", why) if why else ("native_grouped", None)
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:

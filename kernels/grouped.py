@@ -13,6 +13,10 @@ as Transformer Engine's grouped quantizer does), blocked along the reduction dim
 stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks (a wgrad token group
 of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
 amax nor the product. Rows past the last offset are zero.
+
+On sm_100 and later the quantized groups of a 2d x 3d product (fprop, dgrad) run as one native grouped
+GEMM (``scaled_grouped_mm_native``); elsewhere each group is one ``dispatch.scaled_mm``. The group bounds
+are read on the host either way (the loop's slices, the per-group quantization).
 """
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ import torch
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
+from autoprec.kernels.operand import Operand, as_operand
+from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.random_bits import group_seed, sr_stream
+from autoprec.kernels.scaled_grouped_mm_native import scaled_grouped_mm_native
 
 EXACT = "exact"  # the product in the operands' dtype, as the traced op computes it
 
@@ -78,28 +85,46 @@ def grouped_mm(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The grouped product of ``a`` and ``b`` (see the module doc for layouts), each group run as the
-    dense GEMM ``dispatch.scaled_mm`` in ``fmt`` (``exact``: ``torch.mm`` in the operands' dtype)."""
+    dense GEMM ``dispatch.scaled_mm`` in ``fmt`` (``exact``: ``torch.mm`` in the operands' dtype), or the
+    quantized groups in one native grouped GEMM where ``dispatch.grouped_gemm_path`` picks it (sm_100)."""
     layout = grouped_layout(a.ndim, b.ndim, offs is not None)
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
     out_dtype = out_dtype or a.dtype
-    out = a.new_zeros(grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout),
-                      dtype=out_dtype)
-    for g, slot, ag, bg in _groups(a, b, offs, layout):
-        if ag.shape[0] == 0 or ag.shape[1] == 0 or bg.shape[1] == 0:
-            continue
-        if fmt == EXACT:
-            out[slot] = torch.mm(ag, bg).to(out_dtype)
-        elif not get_format(fmt).quantized:
-            out[slot] = dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)
-        else:
-            ag, bg = _pad_reduction(ag, bg, get_format(fmt).block_size)
-            qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
-            qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht,
-                           rht_signs)
-            out[slot] = dispatch.scaled_mm(qa, qb, None, out_dtype)
+    shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
+    groups = [(g, slot, ag, bg) for g, slot, ag, bg in _groups(a, b, offs, layout)
+              if ag.shape[0] and ag.shape[1] and bg.shape[1]]
+    if fmt == EXACT or not get_format(fmt).quantized:
+        out = a.new_zeros(shape, dtype=out_dtype)
+        for _, slot, ag, bg in groups:
+            out[slot] = (torch.mm(ag, bg) if fmt == EXACT else
+                         dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)).to(out_dtype)
+        return out
+    quantized = []
+    for g, slot, ag, bg in groups:
+        ag, bg = _pad_reduction(ag, bg, get_format(fmt).block_size)
+        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
+        qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
+        quantized.append((g, slot, qa, qb))
+    if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype):
+        parts: list[list[Operand | None]] = [[None] * offs.shape[0], [None] * offs.shape[0]]
+        for g, _, qa, qb in quantized:
+            parts[0][g], parts[1][g] = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
+        return scaled_grouped_mm_native(parts[0], parts[1], offs, a.shape[0])
+    out = a.new_zeros(shape, dtype=out_dtype)
+    for _, slot, qa, qb in quantized:
+        out[slot] = dispatch.scaled_mm(qa, qb, None, out_dtype)
     return out
+
+
+def _native_grouped(device: torch.device, layout: str, qa: QuantizedTensor, qb: QuantizedTensor,
+                    out_dtype: torch.dtype) -> bool:
+    """Whether one native grouped GEMM runs the groups of which ``qa`` and ``qb`` are one
+    (``dispatch.grouped_gemm_path``)."""
+    operands = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
+    return dispatch.grouped_gemm_path(dispatch.device_capability(device), layout, *operands, out_dtype)[0] == \
+        "native_grouped"
 
 
 def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

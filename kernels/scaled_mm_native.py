@@ -37,7 +37,7 @@ def native_problem(a: Operand, b: Operand) -> str | None:
     return None
 
 
-def _block_scales(op: Operand) -> torch.Tensor:
+def block_scales(op: Operand) -> torch.Tensor:
     """One scale per row and block of ``op``, swizzled, in the dtype cuBLAS reads."""
     scales = op.scales.view(torch.uint8)
     if op.tile_rows > 1:  # a 16x16 tile's scale applies to each of its rows
@@ -52,12 +52,12 @@ def scaled_mm_native(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtyp
     swizzled = F.SwizzleType.SWIZZLE_32_4_4
     if a.kind == KIND_NVFP4:
         codes = [op.codes.view(torch.uint8).view(torch.float4_e2m1fn_x2) for op in (a, b)]
-        scales = [[_block_scales(op), op.tensor_scale.float().reshape(1)] for op in (a, b)]
+        scales = [[block_scales(op), op.tensor_scale.float().reshape(1)] for op in (a, b)]
         recipe = [F.ScalingType.BlockWise1x16, F.ScalingType.TensorWise]
         swizzle = [swizzled, F.SwizzleType.NO_SWIZZLE]
     else:
         codes = [a.codes, b.codes]
-        scales = [_block_scales(a), _block_scales(b)]
+        scales = [block_scales(a), block_scales(b)]
         recipe, swizzle = F.ScalingType.BlockWise1x32, swizzled
     y = F.scaled_mm(codes[0], codes[1].t(), scales[0], recipe, scales[1], recipe, swizzle, swizzle,
                     output_dtype=torch.float32)

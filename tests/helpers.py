@@ -5,6 +5,8 @@ from dataclasses import replace
 
 import torch
 
+from autoprec.kernels.swizzle import swizzle_scales
+
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio of ``approx`` against ``ref`` in dB."""
@@ -37,3 +39,31 @@ def to_device(q, device):
     """A QuantizedTensor with its codes, scales and tensor scale moved to ``device``."""
     ts = None if q.tensor_scale is None else q.tensor_scale.to(device)
     return replace(q, codes=q.codes.to(device), scales=q.scales.to(device), tensor_scale=ts)
+
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def unswizzle(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The (rows, cols) scale matrix a SWIZZLE_32_4_4 buffer holds (padding dropped)."""
+    where = swizzle_scales(torch.arange(1, rows * cols + 1).reshape(rows, cols))
+    out = torch.zeros(rows * cols, dtype=flat.dtype)
+    out[where[where > 0] - 1] = flat[where > 0]
+    return out.reshape(rows, cols)
+
+
+def decode_swizzled(mat: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    """float64 values of a (rows, K) operand from its codes (FP8, or packed ``float4_e2m1fn_x2``) and its
+    SWIZZLE_32_4_4 block scales (E4M3 for NVFP4, E8M0 for MXFP8), as Blackwell's block-scaled GEMMs read them."""
+    if mat.dtype == torch.float4_e2m1fn_x2:
+        byte = mat.view(torch.uint8)
+        nib = torch.stack([byte & 0xF, byte >> 4], -1).flatten(-2).long()
+        vals = _E2M1[nib & 7] * torch.where(nib >= 8, -1.0, 1.0)
+    else:
+        vals = mat.float()
+    rows, k = vals.shape
+    blocks = -(-k // block)
+    assert scale.numel() == -(-rows // 128) * 128 * -(-blocks // 4) * 4 and scale.is_contiguous()
+    s = unswizzle(scale.view(torch.uint8), rows, blocks)
+    s = s.view(scale.dtype).float() if scale.dtype == torch.float8_e4m3fn else torch.exp2(s.double() - 127)
+    return vals.double() * s.double().repeat_interleave(block, 1)[:, :k]

@@ -8,33 +8,8 @@ import torch.nn.functional as F
 from autoprec.kernels import dispatch
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.scaled_mm_native import native_problem, scaled_mm_native
-from autoprec.kernels.swizzle import swizzle_scales
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def unswizzle(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """The (rows, cols) scale matrix a SWIZZLE_32_4_4 buffer holds (padding dropped)."""
-    where = swizzle_scales(torch.arange(1, rows * cols + 1).reshape(rows, cols))
-    out = torch.zeros(rows * cols, dtype=flat.dtype)
-    out[where[where > 0] - 1] = flat[where > 0]
-    return out.reshape(rows, cols)
-
-
-def decode(mat: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
-    """float64 values of a (rows, K) operand from its codes and swizzled block scales."""
-    if mat.dtype == torch.float4_e2m1fn_x2:
-        byte = mat.view(torch.uint8)
-        nib = torch.stack([byte & 0xF, byte >> 4], -1).flatten(-2).long()
-        vals = E2M1[nib & 7] * torch.where(nib >= 8, -1.0, 1.0)
-    else:
-        vals = mat.float()
-    rows, k = vals.shape
-    blocks = -(-k // block)
-    assert scale.numel() == -(-rows // 128) * 128 * -(-blocks // 4) * 4 and scale.is_contiguous()
-    s = unswizzle(scale.view(torch.uint8), rows, blocks)
-    s = s.view(scale.dtype).float() if scale.dtype == torch.float8_e4m3fn else torch.exp2(s.double() - 127)
-    return vals.double() * s.double().repeat_interleave(block, 1)[:, :k]
+from helpers import decode_swizzled
 
 
 def fake_scaled_mm(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, swizzle_a=None, swizzle_b=None, bias=None,
@@ -59,7 +34,7 @@ def fake_scaled_mm(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, swizzle_a
         assert scale_a.dtype == scale_b.dtype == torch.float8_e8m0fnu
         assert not mat_a.dtype == mat_b.dtype == torch.float8_e5m2
         block = 32
-    a, b = decode(mat_a, scale_a, block), decode(mat_b.t(), scale_b, block)
+    a, b = decode_swizzled(mat_a, scale_a, block), decode_swizzled(mat_b.t(), scale_b, block)
     return ((a @ b.t()) * alpha.double()).float()
 
 
