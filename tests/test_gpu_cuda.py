@@ -147,7 +147,9 @@ def compiled_gpt(device: str, options: dict, mode: str | None = None):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = TinyGPT(vocab=512, d=256, layers=2, heads=4, ctx=128, sdpa=True).to(device)
-    compiled = torch.compile(model, backend="autoprec", mode=mode, options=options)
+    if mode is not None:  # torch.compile takes mode or options, not both: autoprec's options carry it
+        options = {**options, "inner": "inductor", "mode": mode}
+    compiled = torch.compile(model, backend="autoprec", options=options)
     idx, tgt = (t.to(device) for t in tokens(batch=8, ctx=128, vocab=512))
     return model, compiled, idx, tgt
 
