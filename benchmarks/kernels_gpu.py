@@ -1,16 +1,19 @@
 """GPU throughput of the Triton kernels and of a planned training step.
 
     python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24]
-                                     [--no-step | --step-only] [--profile]
+                                     [--no-step | --step-only] [--profile] [--graphs]
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies from one read.
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
 the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
 decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
-at several tiles). The step is one forward+backward of a
+at several tiles). A grouped row times an experts fprop (8 experts, bf16 out, quantization included) against
+torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one GEMM per group).
+The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
-nvfp4, mxfp8 and auto plans (inner inductor).
+nvfp4, mxfp8 and auto plans (inner inductor); --graphs adds the bf16 and nvfp4 steps under
+mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py measures).
 The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize
 >= 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
 Without a CUDA GPU it exits with a message.
@@ -35,11 +38,13 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the tensor-core GEMM's tile configurations")
     parser.add_argument("--profile", action="store_true", help="profile one step of each plan (top GPU ops)")
     parser.add_argument("--step-only", action="store_true", help="only the training-step comparison")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time the bf16 and nvfp4 steps under mode='reduce-overhead' (CUDA graphs)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (the CPU interpreter is for tests only)")
     if args.step_only:
-        training_step(args.layers, args.profile)
+        training_step(args.layers, args.profile, args.graphs)
         return
     import triton.testing
 
@@ -80,8 +85,9 @@ def main() -> None:
         matmuls(m, nn_, k, args.bf16_tflops)
     if args.sweep:
         sweep(8192, 8192, 2048, args.bf16_tflops)
+    grouped(args.bf16_tflops)
     if not args.no_step:
-        training_step(args.layers, args.profile)
+        training_step(args.layers, args.profile, args.graphs)
 
 
 def matmuls(m: int, n: int, k: int, peak: float) -> None:
@@ -150,17 +156,46 @@ def sweep(m: int, n: int, k: int, peak: float) -> None:
                 print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
-def row(name: str, fn, flops: int, ms_bf16: float, peak: float) -> None:
+def row(name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") -> None:
     import triton.testing
 
     ms = triton.testing.do_bench(fn)
     tf = flops / ms / 1e9
-    print(f"{name:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%")
+    print(f"{name:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%{note}")
 
 
-def training_step(layers: int, profile: bool = False) -> None:
+def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
+    """An experts fprop (2d x 3d, tokens split evenly, bf16 out) in autoprec's grouped op against torch's bf16
+    grouped GEMM; each row names the path (``native_grouped`` on sm_100, else ``per_group``)."""
+    import torch.nn.functional as F
+    import triton.testing
+
+    from autoprec.kernels.dispatch import device_capability, grouped_gemm_path, quantize
+    from autoprec.kernels.grouped import grouped_mm
+    from autoprec.kernels.operand import as_operand
+
+    a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16) * 0.02
+    offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * (tokens // experts)
+    flops = 2 * tokens * k * n
+    print(f"\n{'grouped ' + str(experts) + 'x(' + str(tokens // experts) + 'x' + str(n) + 'x' + str(k) + ')':<28}"
+          f"{'ms':>9}{'TFLOP/s':>9}{'x bf16':>8}{'% peak':>8}  path")
+    ms_bf16 = triton.testing.do_bench(lambda: F.grouped_mm(a, w, offs=offs))
+    row("bf16 F.grouped_mm", lambda: F.grouped_mm(a, w, offs=offs), flops, ms_bf16, peak)
+    for fmt in ("nvfp4", "mxfp8"):
+        ops = as_operand(quantize(a[:32], fmt, 1), 1, "a"), as_operand(quantize(w[0], fmt, 0), 0, "b")
+        path, why = grouped_gemm_path(device_capability(a.device), "2d3d", *ops, torch.bfloat16)
+        try:
+            row(f"{fmt} + quantize", lambda fmt=fmt: grouped_mm(a, w, offs, fmt, out_dtype=torch.bfloat16), flops,
+                ms_bf16, peak, f"  {path}" + (f" ({why})" if why else ""))
+        except Exception as e:  # a path that fails here should not hide the other rows
+            print(f"{fmt + ' + quantize':<28}  failed: {str(e).splitlines()[0][:80]}")
+
+
+def training_step(layers: int, profile: bool = False, graphs: bool = False) -> None:
     """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor);
-    ``profile``: each plan's step also profiled once."""
+    ``profile``: each plan's step also profiled once; ``graphs``: the bf16 and nvfp4 steps again under
+    ``mode="reduce-overhead"`` (CUDA graphs: one replay per graph instead of a launch per kernel)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import autoprec
 
@@ -168,32 +203,44 @@ def training_step(layers: int, profile: bool = False) -> None:
 
     idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=1024, vocab=50304))
     print(f"\n{'training step, GPT ' + str(layers) + 'x1024':<28}{'ms':>9}{'x bf16':>8}{'warm-up s':>10}  FLOP shares")
+    runs = [("bf16 (inductor)", None, None), ("autoprec nvfp4", "nvfp4", None), ("autoprec mxfp8", "mxfp8", None),
+            ("autoprec auto", "auto", None)]
+    if graphs:
+        runs += [("bf16 (CUDA graphs)", None, "reduce-overhead"), ("autoprec nvfp4 (CUDA graphs)", "nvfp4",
+                                                                   "reduce-overhead")]
     base = None
-    for name, backend, options in [("bf16 (inductor)", "inductor", None), ("autoprec nvfp4", "autoprec", "nvfp4"),
-                                   ("autoprec mxfp8", "autoprec", "mxfp8"), ("autoprec auto", "autoprec", "auto")]:
+    for name, recipe, mode in runs:
         torch._dynamo.reset()
         torch.manual_seed(0)
         model = TinyGPT(vocab=50304, d=1024, layers=layers, heads=16, ctx=1024, sdpa=True).cuda().bfloat16()
-        kw = {"options": {"recipe": options, "inner": "inductor"}} if options else {}
-        compiled = torch.compile(model, backend=backend, **kw)
+        if recipe is None:
+            compiled = torch.compile(model, mode=mode)
+        else:  # torch.compile takes mode or options, not both: autoprec's options carry the mode
+            options = {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode else {})
+            compiled = torch.compile(model, backend="autoprec", options=options)
+
+        def step() -> None:
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled(idx, tgt).backward()
+
         began = time.perf_counter()
         for _ in range(3):  # compile, calibrate (auto), plan
-            compiled(idx, tgt).backward()
+            step()
         torch.cuda.synchronize()
         warmup = time.perf_counter() - began
-        shares = autoprec.plan(model).flop_share() if options else {"bf16": 1.0}
+        shares = autoprec.plan(model).flop_share() if recipe else {"bf16": 1.0}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):
-            compiled(idx, tgt).backward()
+            step()
         end.record()
         torch.cuda.synchronize()
         ms = start.elapsed_time(end) / 5
         base = base or ms
         share = " ".join(f"{fmt} {v:.0%}" for fmt, v in sorted(shares.items()))
         print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}{warmup:>10.0f}  {share}")
-        if profile and options:
-            profile_step(lambda: compiled(idx, tgt).backward(), name)
+        if profile and recipe and not mode:
+            profile_step(step, name)
 
 
 def profile_step(step, name: str) -> None:

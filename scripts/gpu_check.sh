@@ -34,4 +34,4 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 TAIL=25 stage tests "${TEST_S:-200}" python3 -m pytest -p no:cacheprovider -o addopts="" -q -rf -m "not slow" $xdist \
     tests/test_gpu_cuda.py tests/test_triton_quantize.py tests/test_triton_scaled_mm.py
 stage kernels "${BENCH_S:-150}" python3 benchmarks/kernels_gpu.py --no-step
-stage step "${STEP_S:-300}" python3 benchmarks/kernels_gpu.py --step-only --profile --layers "${LAYERS:-24}"
+stage step "${STEP_S:-300}" python3 benchmarks/kernels_gpu.py --step-only --profile --graphs --layers "${LAYERS:-24}"
