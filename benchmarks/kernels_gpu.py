@@ -8,7 +8,7 @@ scales); SR bits are hashed in the kernels. "both" rows write the rowwise and co
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
 the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
 decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
-at several tiles). A grouped row times an experts fprop (8 experts, bf16 out, quantization included) against
+at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
 torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one GEMM per group).
 The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
@@ -165,8 +165,9 @@ def row(name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") 
 
 
 def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
-    """An experts fprop (2d x 3d, tokens split evenly, bf16 out) in autoprec's grouped op against torch's bf16
-    grouped GEMM; each row names the path (``native_grouped`` on sm_100, else ``per_group``)."""
+    """An experts fprop (2d x 3d) and wgrad (2d x 2d), tokens split evenly, bf16 out, in autoprec's grouped op
+    (quantization included) against torch's bf16 grouped GEMM; each row names the path (``native_grouped`` on
+    sm_100, else ``per_group``)."""
     import torch.nn.functional as F
     import triton.testing
 
@@ -174,22 +175,27 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
     from autoprec.kernels.grouped import grouped_mm
     from autoprec.kernels.operand import as_operand
 
-    a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16) * 0.02
+    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
     offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * (tokens // experts)
     flops = 2 * tokens * k * n
-    print(f"\n{'grouped ' + str(experts) + 'x(' + str(tokens // experts) + 'x' + str(n) + 'x' + str(k) + ')':<28}"
-          f"{'ms':>9}{'TFLOP/s':>9}{'x bf16':>8}{'% peak':>8}  path")
-    ms_bf16 = triton.testing.do_bench(lambda: F.grouped_mm(a, w, offs=offs))
-    row("bf16 F.grouped_mm", lambda: F.grouped_mm(a, w, offs=offs), flops, ms_bf16, peak)
-    for fmt in ("nvfp4", "mxfp8"):
-        ops = as_operand(quantize(a[:32], fmt, 1), 1, "a"), as_operand(quantize(w[0], fmt, 0), 0, "b")
-        path, why = grouped_gemm_path(device_capability(a.device), "2d3d", *ops, torch.bfloat16)
-        try:
-            row(f"{fmt} + quantize", lambda fmt=fmt: grouped_mm(a, w, offs, fmt, out_dtype=torch.bfloat16), flops,
-                ms_bf16, peak, f"  {path}" + (f" ({why})" if why else ""))
-        except Exception as e:  # a path that fails here should not hide the other rows
-            print(f"{fmt + ' + quantize':<28}  failed: {str(e).splitlines()[0][:80]}")
+    for role, layout, a, b in (("fprop", "2d3d", x, w), ("wgrad", "2d2d", x.t(), dy)):
+        print(f"\n{'grouped ' + role + ' ' + str(experts) + 'x' + str(tokens // experts):<28}"
+              f"{'ms':>9}{'TFLOP/s':>9}{'x bf16':>8}{'% peak':>8}  path")
+        ms_bf16 = triton.testing.do_bench(lambda a=a, b=b: F.grouped_mm(a, b, offs=offs))
+        row("bf16 F.grouped_mm", lambda a=a, b=b: F.grouped_mm(a, b, offs=offs), flops, ms_bf16, peak)
+        for fmt in ("nvfp4", "mxfp8"):
+            group_b = b[0] if layout == "2d3d" else b[:tokens // experts]
+            ops = as_operand(quantize(a[:, :tokens // experts] if layout == "2d2d" else a[:32], fmt, 1), 1, "a"), \
+                as_operand(quantize(group_b, fmt, 0), 0, "b")
+            path, why = grouped_gemm_path(device_capability(a.device), layout, *ops, torch.bfloat16,
+                                          [tokens // experts] * experts)
+            try:
+                row(f"{fmt} + quantize", lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16),
+                    flops, ms_bf16, peak, f"  {path}" + (f" ({why})" if why else ""))
+            except Exception as e:  # a path that fails here should not hide the other rows
+                print(f"{fmt + ' + quantize':<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
 def training_step(layers: int, profile: bool = False, graphs: bool = False) -> None:

@@ -267,17 +267,18 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
 
 
 def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
-                      out_dtype: torch.dtype) -> tuple[str, str | None]:
+                      out_dtype: torch.dtype, group_sizes: list[int]) -> tuple[str, str | None]:
     """How a quantized grouped (experts) GEMM runs on a device of this compute capability (None: not a CUDA
-    GPU), given one group's operands (every group shares their formats, K and N), and why not natively:
-    ``native_grouped`` (one ``torch.nn.functional.scaled_grouped_mm`` call for every expert, sm_100 and
-    later, ``scaled_grouped_mm_native``), else ``per_group`` (one ``scaled_mm`` per group, each on the path
+    GPU), given one group's operands (every group shares their formats and the dims not grouped) and the
+    token count of every group, and why not natively: ``native_grouped`` (one
+    ``torch.nn.functional.scaled_grouped_mm`` call for every expert, sm_100 and later,
+    ``scaled_grouped_mm_native``), else ``per_group`` (one ``scaled_mm`` per group, each on the path
     ``gemm_path`` picks)."""
     if capability is None or capability < NATIVE_CAPABILITY:
         return "per_group", "not an sm_100 or later GPU" if capability is None else f"sm_{capability[0]}{capability[1]}"
     if kernel_mode() != "auto":
         return "per_group", f"AUTOPREC_KERNELS={kernel_mode()}"
-    why = grouped_native_problem(layout, a, b, out_dtype)
+    why = grouped_native_problem(layout, a, b, out_dtype, group_sizes)
     return ("per_group", why) if why else ("native_grouped", None)
 
 

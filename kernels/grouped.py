@@ -14,9 +14,10 @@ stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks
 of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
 amax nor the product. Rows past the last offset are zero.
 
-On sm_100 and later the quantized groups of a 2d x 3d product (fprop, dgrad) run as one native grouped
-GEMM (``scaled_grouped_mm_native``); elsewhere each group is one ``dispatch.scaled_mm``. The group bounds
-are read on the host either way (the loop's slices, the per-group quantization).
+On sm_100 and later the quantized groups run as one native grouped GEMM (``scaled_grouped_mm_native``):
+2d x 3d, and 2d x 2d where every group is a multiple of 32 tokens (torchtitan pads token groups so); elsewhere
+each group is one ``dispatch.scaled_mm``. The group bounds are read on the host either way (the loop's
+slices, the per-group quantization).
 """
 from __future__ import annotations
 
@@ -93,8 +94,9 @@ def grouped_mm(
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
     out_dtype = out_dtype or a.dtype
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
-    groups = [(g, slot, ag, bg) for g, slot, ag, bg in _groups(a, b, offs, layout)
-              if ag.shape[0] and ag.shape[1] and bg.shape[1]]
+    every = _groups(a, b, offs, layout)
+    sizes = [ag.shape[1 if layout == "2d2d" else 0] for _, _, ag, _ in every]  # tokens per group
+    groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]
     if fmt == EXACT or not get_format(fmt).quantized:
         out = a.new_zeros(shape, dtype=out_dtype)
         for _, slot, ag, bg in groups:
@@ -107,11 +109,11 @@ def grouped_mm(
         qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
         quantized.append((g, slot, qa, qb))
-    if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype):
-        parts: list[list[Operand | None]] = [[None] * offs.shape[0], [None] * offs.shape[0]]
+    if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype, sizes):
+        parts: list[list[Operand | None]] = [[None] * len(sizes), [None] * len(sizes)]
         for g, _, qa, qb in quantized:
             parts[0][g], parts[1][g] = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
-        return scaled_grouped_mm_native(parts[0], parts[1], offs, a.shape[0])
+        return scaled_grouped_mm_native(layout, *parts, offs, shape)
     out = a.new_zeros(shape, dtype=out_dtype)
     for _, slot, qa, qb in quantized:
         out[slot] = dispatch.scaled_mm(qa, qb, None, out_dtype)
@@ -119,12 +121,12 @@ def grouped_mm(
 
 
 def _native_grouped(device: torch.device, layout: str, qa: QuantizedTensor, qb: QuantizedTensor,
-                    out_dtype: torch.dtype) -> bool:
-    """Whether one native grouped GEMM runs the groups of which ``qa`` and ``qb`` are one
+                    out_dtype: torch.dtype, sizes: list[int]) -> bool:
+    """Whether one native grouped GEMM runs the groups (of ``sizes`` tokens) of which ``qa`` and ``qb`` are one
     (``dispatch.grouped_gemm_path``)."""
     operands = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
-    return dispatch.grouped_gemm_path(dispatch.device_capability(device), layout, *operands, out_dtype)[0] == \
-        "native_grouped"
+    path, _ = dispatch.grouped_gemm_path(dispatch.device_capability(device), layout, *operands, out_dtype, sizes)
+    return path == "native_grouped"
 
 
 def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

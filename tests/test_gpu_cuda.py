@@ -95,7 +95,7 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     args = dict(rounding_a=rounding_a, seeds=(3, 4), step=1, out_dtype=torch.bfloat16)
     qa, qb = (as_operand(quantize_ref(x, fmt, axis), axis, name) for x, axis, name in ((a, 1, "a"), (w[0], 0, "b")))
     capability = torch.cuda.get_device_capability()
-    path, _ = dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16)
+    path, _ = dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16, [40, 0, 260, 33, 179])
     assert path == ("native_grouped" if capability >= (10, 0) else "per_group")
     got = grouped_mm(a.cuda(), w.cuda(), offs.cuda(), fmt, **args).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
@@ -104,6 +104,23 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     for s, e in ((0, 40), (40, 300), (300, 333), (333, 512)):
         torch.testing.assert_close(got[s:e].float(), want[s:e].float(), rtol=2**-7,
                                    atol=1e-3 * want[s:e].float().abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_grouped_wgrad_matches_reference(monkeypatch, fmt):
+    """Experts' wgrad (2d x 2d, token groups of multiples of 32 and an empty one, SR on both operands): native on
+    sm_100, per group elsewhere, against the reference's per-group loop."""
+    gen = torch.Generator().manual_seed(7)
+    offs = torch.tensor([64, 64, 320, 352, 512], dtype=torch.int32)
+    x, dy = torch.randn(256, 512, generator=gen), torch.randn(512, 192, generator=gen)
+    args = dict(rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", seeds=(3, 4), step=1, out_dtype=torch.bfloat16)
+    got = grouped_mm(x.cuda(), dy.cuda(), offs.cuda(), fmt, **args).cpu()
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = grouped_mm(x, dy, offs, fmt, **args)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    for g in (0, 2, 3, 4):
+        torch.testing.assert_close(got[g].float(), want[g].float(), rtol=2**-7,
+                                   atol=1e-3 * want[g].float().abs().max().item())
 
 
 def test_gpu_mxfp8_scales_outside_bf16_are_recomputed_in_fp32(monkeypatch):
