@@ -28,11 +28,6 @@ def pow2(e):
 
 
 @triton.jit
-def clamp_keep_nan(x, lo, hi):
-    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
-
-
-@triton.jit
 def round_to_element(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr):
     """RNE (or, with SR, stochastic with the low 24 bits of ``rand``) onto a float grid, saturating."""
     bits = x.to(tl.int32, bitcast=True)
@@ -49,6 +44,30 @@ def round_to_element(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.c
     mag = (r * pow2(e)).to(tl.int32, bitcast=True)
     out = (mag | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
     return tl.where(x != x, float("nan"), out)
+
+
+@triton.jit
+def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr,
+                     SR: tl.constexpr, NAN_CODE: tl.constexpr):
+    """The int32 element code ``round_to_element`` then encoding give (E2M1: EBITS 2; E4M3 / E5M2), in one pass:
+    with |x| saturated at MAX, f = max(floor_log2 |x|, EMIN) and r the significand rounded in units of
+    2**(f - MBITS), the magnitude code is r + ((f - EMIN) << MBITS): an r that rounds up to the next binade
+    carries into the exponent field, and below EMIN it is a subnormal's mantissa. The sign is x's (so -0 keeps
+    it); NaN gives NAN_CODE."""
+    SIGN: tl.constexpr = EBITS + MBITS
+    bits = x.to(tl.int32, bitcast=True)
+    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    a = tl.where(a > MAX, MAX, a)
+    f = tl.maximum(floor_log2(a), EMIN)
+    s = a * pow2(MBITS - f)
+    if SR:
+        lo = tl.floor(s)
+        u = (rand & 0xFFFFFF).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
+        r = lo + tl.where(u < s - lo, 1.0, 0.0)
+    else:
+        r = (s + MAGIC_RNE) - MAGIC_RNE
+    code = (r.to(tl.int32) + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
+    return tl.where(x != x, NAN_CODE, code)
 
 
 @triton.jit
@@ -78,17 +97,6 @@ def decode_float8(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexp
     else:
         mag = tl.where((c & 0x7F) == 0x7F, 0x7FC00000, mag)
     return (mag | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def encode_e2m1(v):
-    """4-bit codes (in int32) of fp32 values on the E2M1 grid; NaN encodes as 0."""
-    bits = v.to(tl.int32, bitcast=True)
-    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    normal = ((((bits >> 23) & 0xFF) - 126) << 1) | ((bits >> 22) & 1)
-    mag = tl.where(a >= 1.0, normal, (a * 2.0).to(tl.int32))
-    code = mag | ((bits >> 28) & 0x8)
-    return tl.where(v != v, 0, code)
 
 
 @triton.jit

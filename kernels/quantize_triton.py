@@ -16,11 +16,10 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
 from autoprec.kernels.numerics_triton import (
     FLT_MAX,
-    clamp_keep_nan,
-    encode_e2m1,
     encode_float8,
     floor_log2,
     pow2,
+    round_and_encode,
     round_to_element,
     sr_hash_bits,
     step_stream_keys,
@@ -179,8 +178,7 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
     rand = 0
     if SR:
         rand = _load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH)
-    v = clamp_keep_nan(y * e_b[:, :, None], -6.0, 6.0)
-    codes = encode_e2m1(round_to_element(v, rand, 1, 0, 6.0, SR))
+    codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
     lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
     pcols = col0 // 2 + tl.arange(0, BK // 2)
@@ -229,8 +227,8 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r,
     rand = 0
     if SR:
         rand = tl.reshape(_load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
-    v = round_to_element(y * pow2(-e)[:, :, None], rand, MBITS, 1 - BIAS, MAX, SR)
-    codes = tl.reshape(encode_float8(v, EBITS, MBITS, BIAS), (BR, BK))
+    codes = round_and_encode(y * pow2(-e)[:, :, None], rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F)  # NaN: torch's
+    codes = tl.reshape(codes.to(tl.uint8), (BR, BK))
     cols = col0 + tl.arange(0, BK)
     cmask = (rows < R)[:, None] & (cols < K)[None, :]
     tl.store(codes_ptr + rows[:, None] * K + cols[None, :], codes, mask=cmask)

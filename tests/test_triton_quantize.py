@@ -9,11 +9,12 @@ triton = pytest.importorskip("triton")
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels.dispatch import dual_problem
-from autoprec.kernels.numerics_triton import sr_hash_bits
+from autoprec.kernels.numerics_triton import round_and_encode, sr_hash_bits
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantize_triton import _index_strides, quantize_triton
 from autoprec.kernels.quantized import QuantCopy as Side
 from autoprec.kernels.random_bits import M32, mix32, sr_bits, sr_stream, stream_keys
+from autoprec.kernels.rounding_ref import e2m1_encode, round_to_element
 
 tl = triton.language
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,6 +110,34 @@ def test_hashed_bits_of_indices_past_2_to_the_32():
     assert torch.equal(out.cpu(), want)
     assert torch.equal(sr_bits((3, 5), stream).flatten(), want.new_tensor(
         [(mix32(mix32(i ^ k1) ^ k2) >> 8) for i in range(15)]))
+
+
+@triton.jit
+def _encode_kernel(x_ptr, rand_ptr, out_ptr, N: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+                   EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr, NAN_CODE: tl.constexpr):
+    i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    x, rand = tl.load(x_ptr + i, mask=i < N), tl.load(rand_ptr + i, mask=i < N)
+    tl.store(out_ptr + i, round_and_encode(x, rand, EBITS, MBITS, EMIN, MAX, SR, NAN_CODE), mask=i < N)
+
+
+@pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+def test_round_and_encode_equals_rounding_then_encoding(fmt, sr):
+    """The quantizers' one-pass element code, on every bf16 bit pattern, at three scalings that put each
+    grid's subnormals, binade carries and saturation under every pattern, plus fp32 subnormals, against the
+    reference's round_to_element then encoding (torch's cast for FP8, e2m1_encode for E2M1)."""
+    elem = get_format(fmt).elem
+    pattern = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    x = torch.cat([pattern, pattern * 2.0**-120, pattern * 2.0**100, torch.tensor([1e-40, -3e-42, 2.0**-149])])
+    rand = sr_bits(x.shape, sr_stream(3, 1)) if sr else torch.zeros(x.shape, dtype=torch.int32)
+    got = torch.empty(x.shape, dtype=torch.int32, device=DEVICE)
+    nan_code = 0 if fmt == "nvfp4" else 0x7F
+    _encode_kernel[(triton.cdiv(x.numel(), 1024),)](x.to(DEVICE), rand.to(DEVICE), got, N=x.numel(),
+                                                    EBITS=elem.ebits, MBITS=elem.mbits, EMIN=elem.emin,
+                                                    MAX=elem.max, SR=sr, NAN_CODE=nan_code)
+    v = round_to_element(x, elem, rand if sr else None)
+    want = e2m1_encode(v) if fmt == "nvfp4" else v.to(elem.torch_dtype).view(torch.uint8)
+    assert torch.equal(got.cpu(), want.to(torch.int32))
 
 
 def test_nvfp4_rounds_every_tie_to_even():
