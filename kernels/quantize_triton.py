@@ -47,6 +47,7 @@ MXFP8_GPU_CONFIGS = CONFIGS[1:]
 KEY_ARGS = ["k1", "k2"]
 ONE_SIXTH = tl.constexpr(_ONE_SIXTH)  # fp32(1/6)
 FP4_TIMES_FP8_MAX = tl.constexpr(_FP4_TIMES_FP8_MAX)  # 6 · 448
+INF_BITS = tl.constexpr(0x7F800000)  # fp32 Inf's bits: |x|'s bits are at least this for Inf and NaN
 
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
@@ -148,18 +149,18 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
-    a = tl.abs(y)
-    finite = a < float("inf")
-    amax = tl.max(tl.where(finite, a, 0.0), 2)
-    bad = tl.max(tl.where(finite, 0, 1), 2)
+    # |y|'s bits order as |y| does, NaN and Inf above every finite value: one integer max gives the block amax,
+    # or a non-finite one, which makes the whole block NaN (its finite amax is not needed then)
+    amax_bits = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 2)
     if TILE2D:
-        amax = tl.max(tl.reshape(amax, (BR // 16, 16, NB)), 1)
-        bad = tl.max(tl.reshape(bad, (BR // 16, 16, NB)), 1)
+        amax_bits = tl.max(tl.reshape(amax_bits, (BR // 16, 16, NB)), 1)
+    bad = amax_bits >= INF_BITS
+    amax = amax_bits.to(tl.float32, bitcast=True)
     s_enc6, s_dec = tensor_scales(amax_ptr)
     if pid_r == 0 and pid_k == 0:
         tl.store(ts_ptr, s_dec)
     s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
-    s_b = tl.where(bad != 0, float("nan"), s_b)
+    s_b = tl.where(bad, float("nan"), s_b)
     e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
     e_b = tl.where(e_b > FLT_MAX, FLT_MAX, e_b)
 
@@ -206,10 +207,9 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r,
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = tl.reshape(_load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT), (BR, NB, 32))
-    a = tl.abs(y)
-    finite = a < float("inf")
-    amax = tl.max(tl.where(finite, a, 0.0), 2)
-    bad = tl.max(tl.where(finite, 0, 1), 2)
+    abs_bits = y.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # ordered as |y|; Inf and NaN at INF_BITS and above
+    amax = tl.max(tl.where(abs_bits < INF_BITS, abs_bits, 0), 2).to(tl.float32, bitcast=True)  # finite values
+    bad = tl.max(abs_bits, 2) >= INF_BITS
     if FLOOR:
         e = tl.where(amax > 0, floor_log2(amax) - EMAX, -127)
     else:
@@ -221,7 +221,7 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r,
 
     nb = tl.arange(0, NB)
     smask = (rows < R)[:, None] & (col0 // 32 + nb < K // 32)[None, :]
-    scale_codes = tl.where(bad != 0, 255, e + 127).to(tl.uint8)
+    scale_codes = tl.where(bad, 255, e + 127).to(tl.uint8)
     tl.store(scales_ptr + rows[:, None] * (K // 32) + col0 // 32 + nb[None, :], scale_codes, mask=smask)
 
     rand = 0
