@@ -8,6 +8,7 @@ triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
+from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.dispatch import dual_problem
 from autoprec.kernels.numerics_triton import round_and_encode, sr_hash_bits
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
@@ -45,6 +46,26 @@ def check(x, fmt, axis, sr, rht, hashed=False, **opts):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
 def test_quantize_matches_reference(fmt, axis, sr, rht):
     check(edge_tensor(64, 96), fmt, axis, sr, rht)
+
+
+def force_tile(monkeypatch, config) -> None:
+    """Make both quantize kernels run ``config`` (one config: the autotuner runs it without timing)."""
+    for kernel in (qt._nvfp4_kernel, qt._mxfp8_kernel):
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+
+
+@pytest.mark.parametrize("config", qt.CONFIGS, ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
+def test_every_autotuned_tile_matches_reference(monkeypatch, config):
+    """Each tile a GPU may pick (the interpreter runs the first alone): partial tiles in both dims (96 x 160),
+    rows and columns, hashed SR with RHT, NVFP4's 16x16 tiles."""
+    force_tile(monkeypatch, config)
+    x = edge_tensor(96, 160)
+    for fmt in ("nvfp4", "mxfp8"):
+        for axis in (1, 0):
+            check(x, fmt, axis, False, False)
+            check(x, fmt, axis, True, True, hashed=True)
+    check(x, "nvfp4", 1, True, False, tile2d=True)
 
 
 @pytest.mark.parametrize("axis", [1, 0])
