@@ -29,8 +29,10 @@ from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
 
-BLOCK_R = 16  # the amax pass's tile, and the first (interpreter's) config of the quantize kernels
+BLOCK_R = 16  # the first (interpreter's) config of the quantize kernels
 BLOCK_K = 64
+AMAX_R = 64  # the amax pass's tile is AMAX_R x BLOCK_K (32 elements per thread) ...
+AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping over tiles
 # (BR, BK, warps) the quantize kernels are autotuned over on a GPU (tests/ptx_report.py compiles every config
 # and checks registers). The first three give each thread 8 elements; the last three 32, which spreads each
 # program's fixed work (indices, the tensor scales' divisions) over 4x the elements: 35 sm_90 instructions
@@ -101,9 +103,14 @@ def _load_rand(rand_ptr, k1, k2, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, B
 
 @triton.jit
 def _amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
-    """max|x| over the finite values, into the int32 at ``amax_ptr`` (zeroed first) by ``atomic_max_bits``."""
-    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    atomic_max_bits(amax_ptr, tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR, BK, RHT))
+    """max|x| over the finite values, into the int32 at ``amax_ptr`` (zeroed first) by ``atomic_max_bits``. Program
+    p folds tiles p, p + programs, ... (row-major over the tile grid) into one atomic: atomics on one address
+    serialize, so a launch makes at most ``AMAX_PROGRAMS`` of them, not one per tile."""
+    n_k = tl.cdiv(K, BK)
+    amax = 0.0
+    for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
+        amax = tl.maximum(amax, tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, t // n_k, t % n_k, BR, BK, RHT))
+    atomic_max_bits(amax_ptr, amax)
 
 
 @triton.jit
@@ -315,8 +322,9 @@ def quantize_triton(
                   else 0)
     if fmt is NVFP4:
         amax = torch.zeros((), device=x.device, dtype=torch.int32)  # fp32 bits; finite values only
-        _amax_kernel[(triton.cdiv(n_rows, BLOCK_R), triton.cdiv(k, BLOCK_K))](
-            m, mt, amax, n_rows, k, m.stride(0), m.stride(1), BR=BLOCK_R, BK=BLOCK_K, RHT=rht)
+        tiles = triton.cdiv(n_rows, AMAX_R) * triton.cdiv(k, BLOCK_K)
+        _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, n_rows, k, m.stride(0), m.stride(1), BR=AMAX_R,
+                                                   BK=BLOCK_K, RHT=rht)
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
         scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
         scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)

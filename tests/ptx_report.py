@@ -102,7 +102,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                     QUANT_BLOCKS | mx | tile | {"HASH": True}, opts))
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
-    out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS, {}))
+    out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS | {"BR": qt.AMAX_R}, {}))
     # the fprop case as a launch compiles it: rows of a row-major bf16 tensor (unit stride, a constant 1 in
     # Triton's specialization), aligned pointers, round-to-nearest
     rows = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": False, "SR": False, "HASH": False, "s_k": 1, "r_k": 1}

@@ -171,6 +171,17 @@ def test_nvfp4_rounds_every_tie_to_even():
     check(x, "nvfp4", 1, False, False)
 
 
+@pytest.mark.parametrize("where", [(0, 0), (207, 319), (70, 130)])
+def test_amax_pass_folds_many_tiles_per_program(monkeypatch, where):
+    """With 3 programs for 20 tiles each program folds several tiles into its one atomic: the tensor scale
+    still sees the largest value wherever it lies (first tile, last partial tile, a middle one)."""
+    monkeypatch.setattr(qt, "AMAX_PROGRAMS", 3)
+    x = torch.randn(208, 320, generator=torch.Generator().manual_seed(5))
+    x[where] = -40.0
+    check(x, "nvfp4", 1, False, False)
+    check(x, "nvfp4", 0, True, True, hashed=True)
+
+
 def test_all_zero_and_all_nan_tensors():
     check(torch.zeros(16, 32), "nvfp4", 1, False, False)
     check(torch.full((16, 32), float("nan")), "nvfp4", 1, False, False)
