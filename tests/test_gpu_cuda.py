@@ -238,9 +238,11 @@ def test_gpu_training_steps_match_the_cpu(fresh_dynamo, recipe, inner):
 def test_gpu_reduce_overhead_mode_captures_the_planned_step(fresh_dynamo):
     """torch.compile's mode="reduce-overhead" (CUDA graphs): inductor captures the planned graphs (it skips
     none: the step counter is a device tensor and no op waits for the GPU), and each replay draws its own
-    step's SR bits: every step's gradients equal those of the default mode, and differ from step to step."""
+    step's SR bits: every step's gradients match those of inductor without graphs (the same kernels; cuBLAS may
+    pick other algorithms under capture, and a product that differs in its last bits can flip an element's
+    rounding downstream, hence 2%), and differ from step to step by far more (SR noise)."""
     def gradients(mode: str | None) -> list[torch.Tensor]:
-        model, compiled, idx, tgt = compiled_gpt("cuda", {"recipe": "nvfp4_nvidia"}, mode)
+        model, compiled, idx, tgt = compiled_gpt("cuda", {"recipe": "nvfp4_nvidia", "inner": "inductor"}, mode)
         out = []
         for _ in range(4):
             model.zero_grad()
@@ -248,8 +250,12 @@ def test_gpu_reduce_overhead_mode_captures_the_planned_step(fresh_dynamo):
             out.append(model.blocks[0].mlp.fc1.weight.grad.clone())
         return out
 
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm())
+
     torch._dynamo.utils.counters.clear()
     graphed = gradients("reduce-overhead")
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
-    assert all(torch.equal(g, e) for g, e in zip(graphed, gradients(None)))
-    assert not torch.equal(graphed[2], graphed[3])
+    plain = gradients(None)
+    assert all(rel(g, e) < 2e-2 for g, e in zip(graphed, plain)), [rel(g, e) for g, e in zip(graphed, plain)]
+    assert rel(graphed[3], graphed[2]) > 0.1 and rel(plain[3], plain[2]) > 0.1  # 0.25 on the CPU
