@@ -154,7 +154,10 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
 
 
-@torch.library.custom_op("autoprec::grouped_mm", mutates_args=())
+# The grouped op reads its group offsets on the host (the per-group quantization and loop), which a CUDA graph
+# cannot capture: the tag makes inductor's mode="reduce-overhead" leave its graphs uncaptured (or, with graph
+# partitions, run the op between captured parts) instead of failing inside the capture.
+@torch.library.custom_op("autoprec::grouped_mm", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def grouped_mm(
     a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,
     rht: bool, seed_a: int, seed_b: int, scale_mode: str, rht_seed: int, step: Tensor, out_dtype: torch.dtype,

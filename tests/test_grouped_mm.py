@@ -97,6 +97,19 @@ def test_custom_op_and_step_change_sr_bits():
     assert torch.equal(y0, grouped_mm(a, w, OFFS, "nvfp4", rounding_a="sr", seeds=(1, 2), step=0))
 
 
+def test_grouped_op_keeps_cuda_graphs_away():
+    """The op reads its offsets on the host, so inductor's reduce-overhead mode must not capture it: it is the
+    node that mode's check reports as incompatible."""
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    args = ("nvfp4", "sr", "rne", False, False, 1, 2, "rceil", 0)
+    gm = make_fx(lambda a, w, offs, step: torch.ops.autoprec.grouped_mm(a, w, offs, *args, step, torch.float32))(
+        data(T, 64), data(5, 64, 32, seed=1), OFFS, torch.tensor(0))
+    node = get_first_incompatible_cudagraph_node(gm)
+    assert node is not None and node.target is torch.ops.autoprec.grouped_mm.default
+
+
 def test_bad_offsets_and_layouts_raise():
     with pytest.raises(ValueError, match="non-decreasing"):
         grouped_mm(data(8, 16), data(2, 16, 16), torch.tensor([6, 4]))
