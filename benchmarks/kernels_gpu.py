@@ -49,6 +49,7 @@ def main() -> None:
     import triton.testing
 
     from autoprec.kernels import quantize
+    from autoprec.kernels import quantize_triton as qt
     from autoprec.kernels.dispatch import quantize_dual
     from autoprec.kernels.quantized import QuantCopy
     from autoprec.kernels.random_bits import sr_stream
@@ -56,7 +57,7 @@ def main() -> None:
     n = args.size
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     print(f"{torch.cuda.get_device_name()}  x: {n}x{n} bf16")
-    print(f"{'quantize':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}")
+    print(f"{'quantize':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}  tile (BRxBK/warps) the autotuner chose")
     seed = sr_stream(1, 1)
     cases = [
         ("nvfp4 rows", dict(fmt="nvfp4", axis=1)),
@@ -79,7 +80,10 @@ def main() -> None:
         written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())
         ms = triton.testing.do_bench(fn)
         gbs = (x.nbytes + written) / ms / 1e6
-        print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%")
+        kernel = qt._nvfp4_kernel if name.startswith("nvfp4") else qt._mxfp8_kernel
+        tile = kernel.best_config if "both" not in name else None  # the last tuned call's: this case's
+        chosen = f"  {tile.kwargs['BR']}x{tile.kwargs['BK']}/{tile.num_warps}" if tile is not None else ""
+        print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%{chosen}")
 
     for m, nn_, k in [(4096, 4096, 4096), (8192, 8192, 2048), (n, n, n)]:
         matmuls(m, nn_, k, args.bf16_tflops)
