@@ -4,9 +4,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from autoprec.formats import get_format
 from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
 from autoprec.kernels.operand import as_operand
-from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded
+from autoprec.kernels.quantized import QuantizedTensor
+from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode, unpack_nibbles
+from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
@@ -70,3 +73,29 @@ def test_nan_block_propagates(kernel):
     qa, qb = quantize_ref(a, "nvfp4", 1), quantize_ref(torch.randn(64, 32), "nvfp4", 0)
     got = run(kernel, to_device(qa, DEVICE), to_device(qb, DEVICE))
     assert torch.isnan(got[5]).all() and torch.isfinite(got[[0, 1, 2, 4]]).all()
+
+
+@pytest.mark.parametrize("fmt,tile_rows", [("nvfp4", 1), ("nvfp4", 16), ("mxfp8", 1), ("mxfp8_e5m2", 1)])
+def test_sm90_decode_is_exact_code_times_block_scale(fmt, tile_rows):
+    """The decoded path's decode on raw codes and scales (every E2M1 / FP8 code, E4M3 scales down to
+    subnormals and NaN, E8M0 scales across bf16's normal range), 80 x 208 (partial tiles both ways): bit for
+    bit the fp32 product of each code's value and its block scale (NVFP4's tensor scale left out)."""
+    gen = torch.Generator().manual_seed(9)
+    f = get_format(fmt)
+    rows, k = 80, 208 if fmt == "nvfp4" else 224
+    if fmt == "nvfp4":
+        codes = torch.randint(0, 256, (rows, k // 2), generator=gen, dtype=torch.uint8)
+        scales = torch.randint(0, 256, (-(-rows // tile_rows), k // 16), generator=gen, dtype=torch.uint8)
+        values = e2m1_decode(unpack_nibbles(codes))
+        block = scales.view(torch.float8_e4m3fn).float().repeat_interleave(tile_rows, 0)[:rows]
+    else:
+        codes = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8).view(f.elem.torch_dtype)
+        scales = torch.randint(127 - 100, 127 + 100, (rows, k // 32), generator=gen, dtype=torch.uint8)
+        values, block = codes.float(), e8m0_decode(scales)
+    want = values * block.repeat_interleave(f.block_size, 1)
+    ts = torch.ones((), dtype=torch.float32) if fmt == "nvfp4" else None
+    q = QuantizedTensor(f, codes, scales.view(torch.float8_e4m3fn) if fmt == "nvfp4" else scales, ts, 1,
+                        torch.Size((rows, k)), tile_rows)
+    got = decode_bf16(as_operand(to_device(q, DEVICE), 1, "a")).float().cpu()
+    same = (got == want) | (got.isnan() & want.isnan())
+    assert same.all(), (got[~same][:5], want[~same][:5])
