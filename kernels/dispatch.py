@@ -253,7 +253,8 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
     GPU section)."""
     why = None
     if capability is not None and capability >= NATIVE_CAPABILITY:
-        why = "AUTOPREC_KERNELS=triton" if kernel_mode() == "triton" else native_problem(a, b)
+        why = ("AUTOPREC_KERNELS=triton" if kernel_mode() == "triton"
+               else torch_api_problem("scaled_mm") or native_problem(a, b))
         if why is None:
             return "native", None
     if capability is not None and kernel_mode() != "triton":
@@ -278,8 +279,16 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
         return "per_group", "not an sm_100 or later GPU" if capability is None else f"sm_{capability[0]}{capability[1]}"
     if kernel_mode() != "auto":
         return "per_group", f"AUTOPREC_KERNELS={kernel_mode()}"
-    why = grouped_native_problem(layout, a, b, out_dtype, group_sizes)
+    why = torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype, group_sizes)
     return ("per_group", why) if why else ("native_grouped", None)
+
+
+def torch_api_problem(name: str) -> str | None:
+    """Why this torch lacks ``torch.nn.functional.<name>`` with its scaling enums (older releases), or None."""
+    functional = torch.nn.functional
+    if not (hasattr(functional, name) and hasattr(functional, "ScalingType") and hasattr(functional, "SwizzleType")):
+        return f"torch {torch.__version__} has no torch.nn.functional.{name} with ScalingType / SwizzleType"
+    return None
 
 
 def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:

@@ -181,3 +181,14 @@ def test_sm100_grouped_gemm_path_picks_native_and_respects_forced_kernels(monkey
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     assert dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), bf16, [32]) == \
         ("per_group", "AUTOPREC_KERNELS=triton")
+
+
+def test_sm100_paths_need_torch_native_api(monkeypatch):
+    """A torch without the native functions (older releases) runs per group, and the dense GEMM decoded,
+    saying why."""
+    monkeypatch.delattr(F, "scaled_grouped_mm")
+    monkeypatch.delattr(F, "scaled_mm")
+    path, why = dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16, [32])
+    assert path == "per_group" and "no torch.nn.functional.scaled_grouped_mm" in why
+    path, why = dispatch.gemm_path((10, 0), *operands())
+    assert path == "decoded" and "no torch.nn.functional.scaled_mm" in why
