@@ -17,44 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, scaled_mm_triton, store_tile
+from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, scaled_mm_triton, store_tile
 
 DECODE_R, DECODE_K = 64, 64
 EPILOGUE_M, EPILOGUE_N = 32, 128
-
-
-@triton.jit
-def decode_blocks(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
-                  KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                  HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """``decode_tile``'s values (columns k0 .. k0 + BK of a quantized operand) with each packed byte read once
-    and each block scale decoded once, then broadcast over its block: a third of the sm_90 instructions for
-    NVFP4. The matmul kernels keep ``decode_tile``, whose per-element layout needs fewer registers beside a
-    dot (this one spills there)."""
-    BR: tl.constexpr = rows.shape[0]
-    rmask = (rows < R)[:, None]
-    if KIND == 0:
-        BLOCK: tl.constexpr = 16
-        kb = k0 // 2 + tl.arange(0, BK // 2)
-        byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kb[None, :], mask=rmask & (kb < K // 2)[None, :],
-                       other=0).to(tl.int32)
-        vals = tl.reshape(tl.join(decode_e2m1(byte & 0xF), decode_e2m1(byte >> 4)), (BR, BK))  # even k: low nibble
-        blk = k0 // BLOCK + tl.arange(0, BK // BLOCK)
-        s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // BLOCK) + blk[None, :],
-                    mask=rmask & (blk < K // BLOCK)[None, :], other=0)
-        scale = decode_float8(s, 4, 3, 7, False)
-    else:
-        BLOCK: tl.constexpr = 32
-        kk = k0 + tl.arange(0, BK)
-        c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=rmask & (kk < K)[None, :], other=0)
-        vals = decode_float8(c, EBITS, MBITS, BIAS, HAS_INF)
-        blk = k0 // BLOCK + tl.arange(0, BK // BLOCK)
-        s = tl.load(scales_ptr + rows[:, None] * (K // BLOCK) + blk[None, :], mask=rmask & (blk < K // BLOCK)[None, :],
-                    other=127)
-        scale = decode_e8m0(s)
-    return tl.reshape(tl.reshape(vals, (BR, BK // BLOCK, BLOCK)) * scale[:, :, None], (BR, BK))
 
 
 @triton.jit
@@ -67,8 +34,8 @@ def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
     decodes to NaN either way)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
-    tile = decode_blocks(codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K, BK, KIND, EBITS, MBITS, BIAS,
-                         HAS_INF, TILE_ROWS)
+    tile = decode_tile(codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K, BK, KIND, EBITS, MBITS, BIAS,
+                       HAS_INF, TILE_ROWS, True)
     mask = (rows < R)[:, None] & (kk < K)[None, :]
     if CHECK:
         bits = tile.to(tl.int32, bitcast=True)

@@ -22,22 +22,45 @@ DOT_FP32, DOT_BF16, DOT_BF16_IN_FP32 = 0, 1, 2  # how tiles are multiplied (the 
 
 
 @triton.jit
-def decode_tile(codes_ptr, scales_ptr, rows, kk, R, K,
+def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
                 KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """fp32 [len(rows), len(kk)] tile of one operand (0 = NVFP4, 1 = MXFP8, 2 = BF16): code times block
-    scale, exact in fp32; NVFP4's tensor scale is left to the accumulator (``apply_tensor_scales``)."""
-    mask = (rows < R)[:, None] & (kk < K)[None, :]
+                HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr):
+    """fp32 [len(rows), BK] tile, columns k0 .. k0 + BK, of one operand (0 = NVFP4, 1 = MXFP8, 2 = BF16): code
+    times block scale, exact in fp32; NVFP4's tensor scale is left to the accumulator (``apply_tensor_scales``).
+    PER_BLOCK reads each packed byte once and decodes each block scale once, then broadcasts it over its block
+    (a third of the sm_90 instructions for NVFP4); without it every element loads and decodes its own scale,
+    which needs fewer registers where a tile sits beside a dot (kernels that spill with PER_BLOCK)."""
+    BR: tl.constexpr = rows.shape[0]
+    rmask = (rows < R)[:, None]
+    kk = k0 + tl.arange(0, BK)
+    mask = rmask & (kk < K)[None, :]
     if KIND == 2:
         return tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    BLOCK: tl.constexpr = 16 if KIND == 0 else 32
+    if not PER_BLOCK:
+        if KIND == 0:
+            byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kk[None, :] // 2, mask=mask, other=0)
+            nib = tl.where((kk % 2 == 0)[None, :], byte & 0xF, byte >> 4)
+            s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // 16) + kk[None, :] // 16, mask=mask,
+                        other=0)
+            return decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False)
+        c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
+        s = tl.load(scales_ptr + rows[:, None] * (K // 32) + kk[None, :] // 32, mask=mask, other=127)
+        return decode_float8(c, EBITS, MBITS, BIAS, HAS_INF) * decode_e8m0(s)
+    blk = k0 // BLOCK + tl.arange(0, BK // BLOCK)
+    smask = rmask & (blk < K // BLOCK)[None, :]
     if KIND == 0:
-        byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kk[None, :] // 2, mask=mask, other=0)
-        nib = tl.where((kk % 2 == 0)[None, :], byte & 0xF, byte >> 4)
-        s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // 16) + kk[None, :] // 16, mask=mask, other=0)
-        return decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False)
-    c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
-    s = tl.load(scales_ptr + rows[:, None] * (K // 32) + kk[None, :] // 32, mask=mask, other=127)
-    return decode_float8(c, EBITS, MBITS, BIAS, HAS_INF) * decode_e8m0(s)
+        kb = k0 // 2 + tl.arange(0, BK // 2)
+        byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kb[None, :], mask=rmask & (kb < K // 2)[None, :],
+                       other=0).to(tl.int32)
+        vals = tl.reshape(tl.join(decode_e2m1(byte & 0xF), decode_e2m1(byte >> 4)), (BR, BK))  # even k: low nibble
+        s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // BLOCK) + blk[None, :], mask=smask, other=0)
+        scale = decode_float8(s, 4, 3, 7, False)
+    else:
+        vals = decode_float8(tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0), EBITS, MBITS,
+                             BIAS, HAS_INF)
+        scale = decode_e8m0(tl.load(scales_ptr + rows[:, None] * (K // BLOCK) + blk[None, :], mask=smask, other=127))
+    return tl.reshape(tl.reshape(vals, (BR, BK // BLOCK, BLOCK)) * scale[:, :, None], (BR, BK))
 
 
 @triton.jit
@@ -88,12 +111,11 @@ def scaled_mm_kernel(
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         acc = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + tl.arange(0, BK)
-            a = dot_operand(decode_tile(a_codes, a_scales, rm, kk, M, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF,
-                                        1), DOT)
-            b = dot_operand(decode_tile(b_codes, b_scales, rn, kk, N, K, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF,
-                                        B_TILE_ROWS), DOT)
+        for k0 in range(0, K, BK):  # NVFP4 tiles for tensor cores (DOT not 0, FP32) decode per block: no spills
+            a = dot_operand(decode_tile(a_codes, a_scales, rm, k0, M, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS,
+                                        A_INF, 1, DOT != 0 and A_KIND == 0), DOT)
+            b = dot_operand(decode_tile(b_codes, b_scales, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS,
+                                        B_INF, B_TILE_ROWS, DOT != 0 and B_KIND == 0), DOT)
             acc = accumulate(acc, a, b, DOT)
         acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
         store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
