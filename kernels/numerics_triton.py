@@ -28,33 +28,9 @@ def pow2(e):
 
 
 @triton.jit
-def round_to_element(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr):
-    """RNE (or, with SR, stochastic with the low 24 bits of ``rand``) onto a float grid, saturating."""
-    bits = x.to(tl.int32, bitcast=True)
-    a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    a = tl.where(a > MAX, MAX, a)
-    e = tl.maximum(floor_log2(a), EMIN) - MBITS
-    s = a * pow2(-e)
-    if SR:
-        lo = tl.floor(s)
-        u = (rand & 0xFFFFFF).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
-        r = lo + tl.where(u < s - lo, 1.0, 0.0)
-    else:
-        r = (s + MAGIC_RNE) - MAGIC_RNE
-    mag = (r * pow2(e)).to(tl.int32, bitcast=True)
-    out = (mag | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
-    return tl.where(x != x, float("nan"), out)
-
-
-@triton.jit
-def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr,
-                     SR: tl.constexpr, NAN_CODE: tl.constexpr):
-    """The int32 element code ``round_to_element`` then encoding give (E2M1: EBITS 2; E4M3 / E5M2), in one pass:
-    with |x| saturated at MAX, f = max(floor_log2 |x|, EMIN) and r the significand rounded in units of
-    2**(f - MBITS), the magnitude code is r + ((f - EMIN) << MBITS): an r that rounds up to the next binade
-    carries into the exponent field, and below EMIN it is a subnormal's mantissa. The sign is x's (so -0 keeps
-    it); NaN gives NAN_CODE."""
-    SIGN: tl.constexpr = EBITS + MBITS
+def _rounded_significand(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr):
+    """(x's bits, f, r): with |x| saturated at MAX and f = max(floor_log2 |x|, EMIN), r is |x| in units of
+    2**(f - MBITS) rounded to an integer (RNE, or stochastic with the low 24 bits of ``rand``), as fp32."""
     bits = x.to(tl.int32, bitcast=True)
     a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     a = tl.where(a > MAX, MAX, a)
@@ -66,6 +42,27 @@ def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl
         r = lo + tl.where(u < s - lo, 1.0, 0.0)
     else:
         r = (s + MAGIC_RNE) - MAGIC_RNE
+    return bits, f, r
+
+
+@triton.jit
+def round_to_element(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr):
+    """RNE (or, with SR, stochastic with the low 24 bits of ``rand``) onto a float grid, saturating."""
+    bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR)
+    mag = (r * pow2(f - MBITS)).to(tl.int32, bitcast=True)
+    out = (mag | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    return tl.where(x != x, float("nan"), out)
+
+
+@triton.jit
+def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr,
+                     SR: tl.constexpr, NAN_CODE: tl.constexpr):
+    """The int32 element code ``round_to_element`` then encoding give (E2M1: EBITS 2; E4M3 / E5M2), in one pass:
+    the magnitude code is r + ((f - EMIN) << MBITS) (``_rounded_significand``'s r and f): an r that rounds up
+    to the next binade carries into the exponent field, and below EMIN it is a subnormal's mantissa. The sign
+    is x's (so -0 keeps it); NaN gives NAN_CODE."""
+    SIGN: tl.constexpr = EBITS + MBITS
+    bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR)
     code = (r.to(tl.int32) + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
     return tl.where(x != x, NAN_CODE, code)
 
