@@ -111,6 +111,11 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16, rows | mx,
                 {LAUNCH_ALIGNED: True}))
+    wide = rows | {"BR": 64, "BK": 64}  # a tile of 32 elements per thread (4 warps)
+    out.append(("quantize_nvfp4_rows_launch_br64_bk64", qt._nvfp4_kernel.fn, nvfp4 | bf16, wide | {"TILE2D": False},
+                {LAUNCH_ALIGNED: True}))
+    out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
+                wide | mx, {LAUNCH_ALIGNED: True}))
     return out + dual_kernels(mx)
 
 
