@@ -259,3 +259,40 @@ def test_gpu_reduce_overhead_mode_captures_the_planned_step(fresh_dynamo):
     plain = gradients(None)
     assert all(rel(g, e) < 2e-2 for g, e in zip(graphed, plain)), [rel(g, e) for g, e in zip(graphed, plain)]
     assert rel(graphed[3], graphed[2]) > 0.1 and rel(plain[3], plain[2]) > 0.1  # 0.25 on the CPU
+
+
+class _Experts(torch.nn.Module):
+    """Two expert GEMMs over fixed token groups (the offsets an input): the graph's only ops that a CUDA graph
+    cannot hold are autoprec's grouped ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_in = torch.nn.Parameter(torch.randn(4, 64, 128) * 0.125)
+        self.w_out = torch.nn.Parameter(torch.randn(4, 128, 64) * 0.09)
+
+    def forward(self, x, offs):
+        h = torch.nn.functional.gelu(torch.nn.functional.grouped_mm(x, self.w_in, offs=offs))
+        return torch.nn.functional.grouped_mm(h, self.w_out, offs=offs).float().square().mean()
+
+
+def test_gpu_reduce_overhead_leaves_expert_graphs_uncaptured(fresh_dynamo):
+    """mode="reduce-overhead" on experts: the grouped op reads its offsets on the host, and its
+    ``cudagraph_unsafe`` tag makes inductor skip capturing its graphs; training runs, as without the mode."""
+    def grads(mode: str | None) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _Experts().cuda().bfloat16()
+        options = {"recipe": "nvfp4", "inner": "inductor"} | ({"mode": mode} if mode else {})
+        compiled = torch.compile(model, backend="autoprec", options=options)
+        x = torch.randn(256, 64, generator=torch.Generator().manual_seed(1)).cuda().bfloat16()
+        offs = torch.tensor([64, 64, 200, 256], dtype=torch.int32, device="cuda")
+        for _ in range(3):
+            model.zero_grad()
+            compiled(x, offs).backward()
+        return [p.grad.float() for p in model.parameters()]
+
+    torch._dynamo.utils.counters.clear()
+    graphed = grads("reduce-overhead")
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] >= 1
+    for g, e in zip(graphed, grads(None)):
+        assert torch.equal(g, e)
