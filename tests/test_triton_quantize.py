@@ -58,10 +58,11 @@ def force_tile(monkeypatch, config) -> None:
 @pytest.mark.parametrize("config", qt.CONFIGS, ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
 def test_every_autotuned_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick (the interpreter runs the first alone): partial tiles in both dims (96 x 160),
-    rows and columns, hashed SR with RHT, NVFP4's 16x16 tiles."""
+    rows and columns, hashed SR with RHT, NVFP4's 16x16 tiles. On a GPU, MXFP8 only at the tiles it is tuned
+    over (the first was wrong on an H200)."""
     force_tile(monkeypatch, config)
     x = edge_tensor(96, 160)
-    for fmt in ("nvfp4", "mxfp8"):
+    for fmt in ("nvfp4", "mxfp8") if DEVICE == "cpu" or config in qt.MXFP8_GPU_CONFIGS else ("nvfp4",):
         for axis in (1, 0):
             check(x, fmt, axis, False, False)
             check(x, fmt, axis, True, True, hashed=True)
