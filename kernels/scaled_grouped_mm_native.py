@@ -67,11 +67,14 @@ def _stacked_operands(layout: str, a_parts: list[Operand | None], b_parts: list[
                 torch.cat([block_scales(op).view(torch.uint8) for op in a_ops]).view(rows[0], -1),
                 torch.cat([op.codes.view(torch.uint8) for op in b_ops], 1).t(),
                 torch.cat([block_scales(op).view(torch.uint8) for op in b_ops]).view(rows[1], -1))
-    zero_b = torch.zeros_like(b_ops[0].codes.view(torch.uint8)), torch.zeros_like(block_scales(b_ops[0]))
+    # an expert with no tokens: zero codes and scales shaped like the others' (each swizzled once)
+    codes_b = [None if op is None else op.codes.view(torch.uint8) for op in b_parts]
+    scales_b = [None if op is None else block_scales(op).view(torch.uint8) for op in b_parts]
+    some = next(i for i, c in enumerate(codes_b) if c is not None)
     return (torch.cat([op.codes.view(torch.uint8) for op in a_ops]),
             torch.cat([_padded_scales(op).view(torch.uint8) for op in a_ops]),
-            torch.stack([zero_b[0] if op is None else op.codes.view(torch.uint8) for op in b_parts]).transpose(1, 2),
-            torch.stack([zero_b[1] if op is None else block_scales(op) for op in b_parts]).view(torch.uint8))
+            torch.stack([torch.zeros_like(codes_b[some]) if c is None else c for c in codes_b]).transpose(1, 2),
+            torch.stack([torch.zeros_like(scales_b[some]) if t is None else t for t in scales_b]))
 
 
 def scaled_grouped_mm_native(layout: str, a_parts: list[Operand | None], b_parts: list[Operand | None],
