@@ -41,11 +41,11 @@ def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
         if KIND == 0:
             byte = tl.load(codes_ptr + rows[:, None] * (K // 2) + kk[None, :] // 2, mask=mask, other=0)
             nib = tl.where((kk % 2 == 0)[None, :], byte & 0xF, byte >> 4)
-            s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // 16) + kk[None, :] // 16, mask=mask,
+            s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // BLOCK) + kk[None, :] // BLOCK, mask=mask,
                         other=0)
             return decode_e2m1(nib) * decode_float8(s, 4, 3, 7, False)
         c = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
-        s = tl.load(scales_ptr + rows[:, None] * (K // 32) + kk[None, :] // 32, mask=mask, other=127)
+        s = tl.load(scales_ptr + rows[:, None] * (K // BLOCK) + kk[None, :] // BLOCK, mask=mask, other=127)
         return decode_float8(c, EBITS, MBITS, BIAS, HAS_INF) * decode_e8m0(s)
     blk = k0 // BLOCK + tl.arange(0, BK // BLOCK)
     smask = rmask & (blk < K // BLOCK)[None, :]
