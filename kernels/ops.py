@@ -1,8 +1,14 @@
-"""torch.library custom ops (``torch.ops.autoprec.*``) with fake implementations, so quantize,
-dequantize and the block-scaled matmul trace under torch.compile as single opaque nodes.
+"""torch.library ops (``torch.ops.autoprec.*``) with fake implementations, so quantize, dequantize and the
+block-scaled matmul trace under torch.compile as single opaque nodes.
 
 Codes and scales cross the op boundary as uint8 (float8 bytes viewed as bytes); the format string
-says how to read them."""
+says how to read them.
+
+The ops are defined on a ``torch.library.Library`` with one CPU and CUDA kernel each (``_op``), not with
+``torch.library.custom_op``, whose per-call wrapping (an autograd kernel, alias checks on the outputs, a
+dynamo guard) costs about 15 us of host time per call (``benchmarks/host_overhead.py``): a GPU step runs
+hundreds of these calls, each from inductor's Python wrapper unless CUDA graphs replay them. They have no
+autograd formula: the compiled graphs call them on forward and backward tensors alike."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +20,24 @@ from autoprec.kernels.quantized import QuantCopy, QuantizedTensor, normalize_axi
 from autoprec.kernels.random_bits import StepStream
 
 Tensor = torch.Tensor
+_LIB = torch.library.Library("autoprec", "DEF")
+
+
+def _op(tags: tuple = ()):
+    """Define ``torch.ops.autoprec.<fn's name>`` with the schema of ``fn``'s annotations and ``fn`` as its CPU and
+    CUDA kernel; returns ``fn``, whose fake implementation the caller registers with ``_fake``."""
+    def define(fn):
+        name = fn.__name__
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=()), tags=tags)
+        for key in ("CPU", "CUDA"):
+            _LIB.impl(name, fn, key)
+        return fn
+    return define
+
+
+def _fake(op):
+    """Register the decorated function as the fake (shape-only) implementation of ``op``."""
+    return lambda fn: torch.library.register_fake(f"autoprec::{op.__name__}", fn, lib=_LIB)
 
 
 def _stored_shape(shape, axis: int) -> list:
@@ -21,7 +45,7 @@ def _stored_shape(shape, axis: int) -> list:
     return dims[:axis] + dims[axis + 1 :] + [dims[axis]]
 
 
-@torch.library.custom_op("autoprec::quantize", mutates_args=())
+@_op()
 def quantize(
     x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool,
     rht_seed: int, step: Tensor,
@@ -35,12 +59,12 @@ def quantize(
                                     scale_mode=scale_mode, rht=rht, rht_signs=rht_signs(rht_seed) if rht else None))
 
 
-@quantize.register_fake
+@_fake(quantize)
 def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step):
     return _quantized_like(x, fmt, axis, tile2d)
 
 
-@torch.library.custom_op("autoprec::quantize_dual", mutates_args=())
+@_op()
 def quantize_dual(
     x: Tensor, fmt: str, rounding_a: str, seed_a: int, rht_a: bool, transposed_a: bool,
     rounding_b: str, seed_b: int, rht_b: bool, transposed_b: bool, scale_mode: str, rht_seed: int, step: Tensor,
@@ -57,7 +81,7 @@ def quantize_dual(
     return (*_parts(qa), *_parts(qb))
 
 
-@quantize_dual.register_fake
+@_fake(quantize_dual)
 def _(x, fmt, rounding_a, seed_a, rht_a, transposed_a, rounding_b, seed_b, rht_b, transposed_b, scale_mode,
       rht_seed, step):
     return (*_quantized_like(x, fmt, 1, False), *_quantized_like(x, fmt, 0, False))
@@ -85,7 +109,7 @@ def _quantized_like(x: Tensor, fmt: str, axis: int, tile2d: bool) -> tuple[Tenso
     return codes, scales, x.new_empty((), dtype=torch.float32)
 
 
-@torch.library.custom_op("autoprec::transpose_tiles", mutates_args=())
+@_op()
 def transpose_tiles(codes: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
     """The stored (codes, scales) of the transpose of a 16x16-tiled NVFP4 matrix stored (R, K): the same
     tiles with the same scales and every element with its code, now blocked along the other dim. With
@@ -96,7 +120,7 @@ def transpose_tiles(codes: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
     return packed, scales.t().clone(memory_format=torch.contiguous_format)  # a copy even where .t() is contiguous
 
 
-@transpose_tiles.register_fake
+@_fake(transpose_tiles)
 def _(codes, scales):
     rows, half_k = codes.shape
     return codes.new_empty((2 * half_k, rows // 2)), scales.new_empty((scales.shape[1], scales.shape[0]))
@@ -112,7 +136,7 @@ def from_parts(
     return QuantizedTensor(f, codes.view(f.elem.torch_dtype), scales, None, axis, torch.Size(shape), tile_rows)
 
 
-@torch.library.custom_op("autoprec::dequantize", mutates_args=())
+@_op()
 def dequantize(
     codes: Tensor, scales: Tensor, tensor_scale: Tensor, fmt: str, axis: int, shape: list[int], tile_rows: int
 ) -> Tensor:
@@ -120,7 +144,7 @@ def dequantize(
     return dispatch.dequantize(from_parts(codes, scales, tensor_scale, fmt, axis, shape, tile_rows)).contiguous()
 
 
-@dequantize.register_fake
+@_fake(dequantize)
 def _(codes, scales, tensor_scale, fmt, axis, shape, tile_rows):
     return codes.new_empty(shape, dtype=torch.float32)
 
@@ -136,7 +160,7 @@ def _operand(codes: Tensor, scales: Tensor, ts: Tensor, fmt: str, is_b: bool, ti
     return from_parts(codes, scales, ts, fmt, len(shape) - (2 if is_b else 1), shape, tile_rows)
 
 
-@torch.library.custom_op("autoprec::scaled_mm", mutates_args=())
+@_op()
 def scaled_mm(
     a_codes: Tensor, a_scales: Tensor, a_ts: Tensor, a_fmt: str,
     b_codes: Tensor, b_scales: Tensor, b_ts: Tensor, b_fmt: str, b_tile_rows: int,
@@ -149,7 +173,7 @@ def scaled_mm(
     return dispatch.scaled_mm(a, b, bias, out_dtype)
 
 
-@scaled_mm.register_fake
+@_fake(scaled_mm)
 def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_rows, bias, out_dtype):
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
 
@@ -157,7 +181,7 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
 # The grouped op reads its group offsets on the host (the per-group quantization and loop), which a CUDA graph
 # cannot capture: the tag makes inductor's mode="reduce-overhead" leave its graphs uncaptured (or, with graph
 # partitions, run the op between captured parts) instead of failing inside the capture.
-@torch.library.custom_op("autoprec::grouped_mm", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_op(tags=(torch.Tag.cudagraph_unsafe,))
 def grouped_mm(
     a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,
     rht: bool, seed_a: int, seed_b: int, scale_mode: str, rht_seed: int, step: Tensor, out_dtype: torch.dtype,
@@ -170,7 +194,7 @@ def grouped_mm(
                               step=int(step), scale_mode=scale_mode, out_dtype=out_dtype)
 
 
-@grouped_mm.register_fake
+@_fake(grouped_mm)
 def _(a, b, offs, fmt, rounding_a, rounding_b, tile2d_b, rht, seed_a, seed_b, scale_mode, rht_seed, step, out_dtype):
     layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
     shape = grouped.grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
