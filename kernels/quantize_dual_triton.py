@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_triton import (
     _index_strides,
     _rht_operand,
@@ -91,7 +92,7 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     ia, ib = (_index_strides(src.shape, axis) for src, axis in (rows.source(x, 1), cols.source(x, 0)))
     # hashed with keys given on the host (a StepStream's step is read here: this kernel runs only in the interpreter)
     keys = tuple(kernel_keys(None if c.seed is None else int(c.seed)) for c in (rows, cols))
-    grid = lambda meta: (triton.cdiv(n_rows, meta["B"]), triton.cdiv(k, meta["B"]))  # noqa: E731
+    grid = lambda meta: (cdiv(n_rows, meta["B"]), cdiv(k, meta["B"]))  # noqa: E731
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax

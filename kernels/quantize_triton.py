@@ -6,6 +6,7 @@ precision. Outputs are laid out like the reference's (block axis last) and match
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -14,6 +15,7 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import (
     FLT_MAX,
     encode_float8,
@@ -263,9 +265,11 @@ def _as_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:
     return x.movedim(axis, -1).reshape(-1, x.shape[axis])
 
 
+@functools.lru_cache(maxsize=4096)
 def _index_strides(shape: torch.Size, axis: int) -> tuple[int, int] | None:
     """Strides, in row-major element indices of ``shape``, of the (R, K) view ``_as_matrix`` takes; None
-    where that view is not a strided one (a 3D tensor blocked along a middle dim)."""
+    where that view is not a strided one (a 3D tensor blocked along a middle dim). Cached: a model quantizes
+    the same few shapes on every step."""
     meta = torch.empty(shape, device="meta")
     try:
         return tuple(meta.movedim(axis, -1).view(-1, shape[axis]).stride()) if meta.ndim > 2 else \
@@ -283,7 +287,7 @@ def kernel_keys(stream: int | StepStream | None) -> tuple[int, int]:
     return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in keys)
 
 
-_RHT_MATRICES: dict[tuple[bytes, torch.device], torch.Tensor] = {}
+_RHT_MATRICES: dict[tuple[tuple[float, ...], torch.device], torch.Tensor] = {}
 
 
 def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torch.Tensor:
@@ -292,7 +296,7 @@ def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torc
     if not rht:
         return torch.empty(1, device=x.device)
     signs = rht_signs() if signs is None else signs
-    key = (signs.to(torch.int8).cpu().numpy().tobytes(), x.device)
+    key = (tuple(signs.cpu().tolist()), x.device)
     if key not in _RHT_MATRICES:
         _RHT_MATRICES[key] = rht_matrix(signs.cpu()).t().contiguous().to(x.device)
     return _RHT_MATRICES[key]
@@ -328,13 +332,13 @@ def quantize_triton(
         r_m = _as_matrix(rand, axis) if rand is not None else m
         r_strides = r_m.stride()
     mt = _rht_operand(x, rht, rht_signs_)
-    grid = lambda meta: (triton.cdiv(n_rows, meta["BR"]), triton.cdiv(k, meta["BK"]))  # noqa: E731
-    stored = tuple(x.movedim(axis, -1).shape)
+    grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
+    stored = x.shape[:axis] + x.shape[axis + 1:] + (k,)
     common = dict(RHT=rht, SR=rand is not None or hashed, HASH=(2 if isinstance(seed, StepStream) else 1) if hashed
                   else 0)
     if fmt is NVFP4:
         amax = torch.zeros((), device=x.device, dtype=torch.int32)  # fp32 bits; finite values only
-        tiles = triton.cdiv(n_rows, AMAX_R) * triton.cdiv(k, BLOCK_K)
+        tiles = cdiv(n_rows, AMAX_R) * cdiv(k, BLOCK_K)
         _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, n_rows, k, m.stride(0), m.stride(1), BR=AMAX_R,
                                                    BK=BLOCK_K, RHT=rht)
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
 from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, scaled_mm_triton, store_tile
 
@@ -70,7 +71,7 @@ def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
     (codes, scales, _), meta = kernel_args(op)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     out = torch.empty(op.rows, op.k, device=codes.device, dtype=torch.float32 if interpret else torch.bfloat16)
-    grid = (triton.cdiv(op.rows, DECODE_R), triton.cdiv(op.k, DECODE_K))
+    grid = (cdiv(op.rows, DECODE_R), cdiv(op.k, DECODE_K))
     check = flag is not None and op.kind == KIND_MXFP8
     _decode_kernel[grid](codes, scales, out, flag if check else codes, op.rows, op.k, *meta,
                          op.tile_rows if op.kind == KIND_NVFP4 else 1, BR=DECODE_R, BK=DECODE_K, IN_FP32=interpret,
@@ -93,7 +94,7 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
         m, n = acc.shape
         out = torch.empty(m, n, device=acc.device, dtype=out_dtype)
         ts = [op.tensor_scale if op.kind == KIND_NVFP4 else acc for op in (a, b)]
-        grid = (triton.cdiv(m, EPILOGUE_M), triton.cdiv(n, EPILOGUE_N))
+        grid = (cdiv(m, EPILOGUE_M), cdiv(n, EPILOGUE_N))
         _epilogue_kernel[grid](acc, *ts, bias if bias is not None else acc,
                                out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
                                HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
 from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 
@@ -147,7 +148,7 @@ def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Ten
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     bm, bn, bk = blocks
-    scaled_mm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+    scaled_mm_kernel[(cdiv(m, bm), cdiv(n, bn))](
         *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, flag if flag is not None else out, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
         HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot,
