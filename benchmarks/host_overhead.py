@@ -2,12 +2,17 @@
 run their Python (dispatch, checks, launch setup) with every Triton kernel replaced by a launcher that does
 nothing and matmuls dispatched as on sm_90 (the decoded path). What is timed is the per-op cost a GPU step
 pays on its CPU unless CUDA graphs replay it; Triton's own launch cost and the cuBLAS call are not included.
-``OMP_NUM_THREADS=1 python benchmarks/host_overhead.py``."""
+``--step`` also times whole training steps of an 8-layer GPT compiled with inductor, in bf16 and under autoprec's
+plans, at a width (d=64) where the CPU's arithmetic is small next to the host's per-op work: the step's
+host time, a floor under its time on a GPU without CUDA graphs (the GPU cannot run ahead of its launches).
+``OMP_NUM_THREADS=1 python benchmarks/host_overhead.py [--step]``."""
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's Python runs on CPU tensors; the kernels never do
 os.environ["AUTOPREC_KERNELS"] = "triton"
@@ -40,11 +45,20 @@ def per_call_us(fn, calls: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--step", action="store_true", help="also time training steps of an 8-layer GPT")
     args = parser.parse_args()
     for module, names in KERNELS.items():
         for name in names:
             setattr(module, name, _NoLaunch())
     dispatch.gemm_path = lambda capability, a, b: ("decoded", None)  # what an H100/H200 runs
+    dispatch.quantize_dual = dispatch.quantize_copies  # as on a GPU: two single quantizations
+    per_op(args.calls)
+    if args.step:
+        steps()
+
+
+def per_op(calls: int) -> None:
+    """Host time per call of each autoprec op."""
     x, w, step = torch.randn(64, 64), torch.randn(64, 64), torch.tensor(5)  # small: the fp32 product is run
     quantize, scaled_mm = torch.ops.autoprec.quantize.default, torch.ops.autoprec.scaled_mm.default
     rows = quantize(x, "nvfp4", 1, "rne", 3, False, "rceil", False, 0, step)
@@ -58,9 +72,58 @@ def main() -> None:
         "scaled_mm nvfp4 x nvfp4": lambda: scaled_mm(*rows, "nvfp4", *cols, "nvfp4", 1, None, torch.bfloat16),
         "scaled_mm mxfp8 x mxfp8": lambda: scaled_mm(*mx_rows, "mxfp8", *mx_cols, "mxfp8", 1, None, torch.bfloat16),
     }
-    print(f"host time per op call, Triton launches replaced by no-ops ({args.calls} calls each)")
+    print(f"host time per op call, Triton launches replaced by no-ops ({calls} calls each)")
     for name, fn in ops.items():
-        print(f"  {name:<32}{per_call_us(fn, args.calls):8.1f} us")
+        print(f"  {name:<32}{per_call_us(fn, calls):8.1f} us")
+
+
+def steps(layers: int = 8, timed: int = 20) -> None:
+    """Milliseconds per forward + backward of a d=64 GPT (the op count of any width) under inductor: bf16, then
+    each plan, with the number of quantizations and block-scaled matmuls a step makes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from gpt_model import TinyGPT, tokens
+
+    idx, tgt = tokens(batch=1, ctx=64, vocab=512)
+    print(f"\ntraining step, GPT {layers}x64 under inductor (CPU){'ms':>12}{'x bf16':>8}{'quantize':>10}{'matmul':>8}")
+    base = None
+    for recipe in (None, "nvfp4", "mxfp8"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = TinyGPT(vocab=512, d=64, layers=layers, heads=4, ctx=64, sdpa=True).bfloat16()
+        compiled = torch.compile(model) if recipe is None else torch.compile(
+            model, backend="autoprec", options={"recipe": recipe, "inner": "inductor"})
+
+        def step() -> None:
+            compiled(idx, tgt).backward()
+
+        for _ in range(3):  # compile, plan
+            step()
+        quantizes, matmuls = _count_calls(step)
+        ms = per_call_us(step, timed) / 1e3
+        base = base or ms
+        print(f"  {recipe or 'bf16':<48}{ms:>8.2f}{ms / base:>8.2f}{quantizes:>10}{matmuls:>8}")
+
+
+def _count_calls(step) -> tuple[int, int]:
+    """(quantizations, block-scaled matmuls) in one ``step``: calls of the Triton quantizer and the decoded matmul."""
+    counts = {}
+    targets = ((quantize_triton, "quantize_triton"), (scaled_mm_decoded, "scaled_mm_decoded"))
+    saved = [getattr(module, name) for module, name in targets]
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return run
+
+    for (module, name), fn in zip(targets, saved):
+        setattr(module, name, counted(name, fn))
+    try:
+        step()
+    finally:
+        for (module, name), fn in zip(targets, saved):
+            setattr(module, name, fn)
+    return counts.get("quantize_triton", 0), counts.get("scaled_mm_decoded", 0)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,13 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 
         return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs)
+    return quantize_copies(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs=rht_signs)
 
+
+def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: QuantCopy, *,
+                    scale_mode: str = "rceil", rht_signs: torch.Tensor | None = None
+                    ) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """``quantize_dual``'s two copies as two quantizations (what a GPU runs for now)."""
     def one(copy: QuantCopy, axis: int) -> QuantizedTensor:
         src, axis = copy.source(x, axis)
         return quantize(src, fmt, axis, rounding="rne" if copy.seed is None else "sr", seed=copy.seed or 0,
