@@ -88,6 +88,13 @@ def test_custom_ops_pass_opcheck():
     a = torch.randn(8, 64).bfloat16()  # a bf16 operand: its values as codes, any tensor as scales
     args = (a, a, t, "bf16", wc, ws, wt, "nvfp4", 1, torch.randn(48), torch.float32)
     torch.library.opcheck(torch.ops.autoprec.scaled_mm.default, args)
+    dual = (x, "nvfp4", "sr", 1, False, False, "sr", 2, True, True, "rceil", 0, STEP)
+    torch.library.opcheck(torch.ops.autoprec.quantize_dual.default, dual)
+    tc, ts, _ = torch.ops.autoprec.quantize(x, "nvfp4", 1, "rne", 0, True, "rceil", False, 0, STEP)
+    torch.library.opcheck(torch.ops.autoprec.transpose_tiles.default, (tc, ts))
+    grouped = (torch.randn(10, 64), torch.randn(3, 64, 16), torch.tensor([3, 3, 10], dtype=torch.int32), "nvfp4",
+               "rne", "sr", False, False, 1, 2, "rceil", 0, STEP, torch.float32)
+    torch.library.opcheck(torch.ops.autoprec.grouped_mm.default, grouped)
 
 
 def test_ops_trace_under_compile():
