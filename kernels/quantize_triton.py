@@ -292,9 +292,9 @@ _RHT_MATRICES: dict[tuple[tuple[float, ...], torch.device], torch.Tensor] = {}
 
 def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torch.Tensor:
     """The kernels' RHT matrix on ``x``'s device, copied there once per sign vector (each copy from the host
-    waits for the GPU)."""
+    waits for the GPU); without the RHT, ``x`` itself, a pointer the kernels do not read."""
     if not rht:
-        return torch.empty(1, device=x.device)
+        return x
     signs = rht_signs() if signs is None else signs
     key = (tuple(signs.cpu().tolist()), x.device)
     if key not in _RHT_MATRICES:
