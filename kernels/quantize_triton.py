@@ -133,13 +133,12 @@ def atomic_max_bits(ptr, amax):
 
 
 @triton.jit
-def tensor_scales(amax_ptr):
-    """NVFP4's (S_enc · fp32(1/6), S_dec = 1 / S_enc) from the tensor amax's bits at ``amax_ptr``, as
+def tensor_scales(amax):
+    """NVFP4's (S_enc · fp32(1/6), S_dec = 1 / S_enc) of tensor amaxes ``amax`` (fp32, any shape), as
     ``nvfp4_encode_scale`` and ``scale_to_block`` compute them (IEEE division, one fp32 rounding each)."""
-    amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
-    s_enc = tl.minimum(tl.math.div_rn(tl.full((), FP4_TIMES_FP8_MAX, tl.float32), amax), FLT_MAX)  # 0: Inf, clamped
+    s_enc = tl.minimum(tl.math.div_rn(tl.full(amax.shape, FP4_TIMES_FP8_MAX, tl.float32), amax), FLT_MAX)  # 0: Inf
     s_enc = tl.where(amax > 0, s_enc, 1.0)
-    return s_enc * ONE_SIXTH, tl.math.div_rn(tl.full((), 1.0, tl.float32), s_enc)
+    return s_enc * ONE_SIXTH, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
 
 
 @triton.jit
@@ -168,10 +167,23 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
                TILE2D: tl.constexpr):
     """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to NVFP4 along K, with the tensor
     scales of the amax bits at ``amax_ptr``; tile (0, 0) writes the tensor's decode scale to ``ts_ptr``."""
-    NB: tl.constexpr = BK // 16
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
+    nvfp4_encode_store(y, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, k1, k2, rows, r_r, r_k,
+                       codes_ptr, scales_ptr, rows, col0, R, K, pid_r, BR, BK, SR, HASH, TILE2D, False)
+
+
+@triton.jit
+def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, sr_rows, r_r, r_k, codes_ptr,
+                       scales_ptr, rows, col0, R, K, pid_r, BR: tl.constexpr, BK: tl.constexpr, SR: tl.constexpr,
+                       HASH: tl.constexpr, TILE2D: tl.constexpr, GROUPED: tl.constexpr):
+    """NVFP4 codes and block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from ``col0``),
+    stored at ``codes_ptr`` and ``scales_ptr``, under the tensor scales of the amax bits at ``amax_ptr +
+    amax_idx``: one tensor's (``amax_idx`` 0; the ``first`` tile writes its decode scale to ``ts_ptr``), or with
+    GROUPED each row's group's (``amax_idx`` [BR, 1]). With SR, the bits are ``_load_rand``'s for rows
+    ``sr_rows``, made where they are used (made earlier, they stay live across the scales and spill)."""
+    NB: tl.constexpr = BK // 16
     # |y|'s bits order as |y| does, NaN and Inf above every finite value: one integer max gives the block amax,
     # or a non-finite one, which makes the whole block NaN (its finite amax is not needed then)
     amax_bits = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 2)
@@ -179,9 +191,10 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
         amax_bits = tl.max(tl.reshape(amax_bits, (BR // 16, 16, NB)), 1)
     bad = amax_bits >= INF_BITS
     amax = amax_bits.to(tl.float32, bitcast=True)
-    s_enc6, s_dec = tensor_scales(amax_ptr)
-    if pid_r == 0 and pid_k == 0:
-        tl.store(ts_ptr, s_dec)
+    s_enc6, s_dec = tensor_scales(tl.load(amax_ptr + amax_idx).to(tl.float32, bitcast=True))
+    if not GROUPED:
+        if first:
+            tl.store(ts_ptr, s_dec)
     s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
     s_b = tl.where(bad, float("nan"), s_b)
     e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
@@ -201,7 +214,7 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
 
     rand = 0
     if SR:
-        rand = _load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH)
+        rand = _load_rand(rand_ptr, k1, k2, sr_rows, col0, R, K, r_r, r_k, BR, BK, HASH)
     codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
     lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
@@ -227,10 +240,22 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r,
                MAX: tl.constexpr, FLOOR: tl.constexpr,
                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to MXFP8 along K."""
-    NB: tl.constexpr = BK // 32
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
-    y = tl.reshape(_load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT), (BR, NB, 32))
+    y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
+    mxfp8_encode_store(y, rand_ptr, k1, k2, rows, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K, EBITS, MBITS,
+                       BIAS, EMAX, MAX, FLOOR, BR, BK, SR, HASH)
+
+
+@triton.jit
+def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K,
+                       EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                       MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, SR: tl.constexpr,
+                       HASH: tl.constexpr):
+    """MXFP8 codes and E8M0 block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from
+    ``col0``), stored at ``codes_ptr`` and ``scales_ptr``; SR bits as ``nvfp4_encode_store`` makes them."""
+    NB: tl.constexpr = BK // 32
+    y = tl.reshape(y, (BR, NB, 32))
     abs_bits = y.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # ordered as |y|; Inf and NaN at INF_BITS and above
     amax = tl.max(tl.where(abs_bits < INF_BITS, abs_bits, 0), 2).to(tl.float32, bitcast=True)  # finite values
     bad = tl.max(abs_bits, 2) >= INF_BITS
@@ -250,7 +275,7 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r,
 
     rand = 0
     if SR:
-        rand = tl.reshape(_load_rand(rand_ptr, k1, k2, rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
+        rand = tl.reshape(_load_rand(rand_ptr, k1, k2, sr_rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
     codes = round_and_encode(y * pow2(-e)[:, :, None], rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F)  # NaN: torch's
     codes = tl.reshape(codes.to(tl.uint8), (BR, BK))
     cols = col0 + tl.arange(0, BK)
