@@ -141,6 +141,15 @@ def step_stream_keys(seed_key, step_ptr):
 
 
 @triton.jit
+def group_stream_keys(seed_u32, g, step_ptr):
+    """``step_stream_keys`` of group ``g``'s stream (int32, any shape) of a grouped GEMM operand with ``seed``
+    (uint32): random_bits.group_seed(seed, g) is mix32(seed ^ mix32(g + GOLDEN)) >> 1."""
+    golden = tl.full((), 0x9E3779B9, tl.uint32)
+    gs = _mix32(seed_u32 ^ _mix32(g.to(tl.uint32) + golden)) >> 1
+    return step_stream_keys(_mix32(gs), step_ptr)
+
+
+@triton.jit
 def sr_hash_bits(idx, k1, k2):
     """random_bits.sr_bits computed in place: the 24 random bits of the elements at int64 row-major
     indices ``idx`` of the stream with keys ``k1``, ``k2`` (uint32)."""

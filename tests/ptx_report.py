@@ -18,6 +18,7 @@ from triton.compiler import ASTSource
 
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_dual_triton as qd
+from autoprec.kernels import quantize_grouped_triton as qg
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
@@ -116,7 +117,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 wide | mx, {LAUNCH_ALIGNED: True}))
-    return out + dual_kernels(mx)
+    return out + dual_kernels(mx) + grouped_kernels(mx)
 
 
 def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
@@ -142,6 +143,26 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
                     head | side("a", False) | side("b", False), mx | {"B": b} | flags, opts))
         out.append((f"quantize_dual_amax_{tag}", qd._amax2_kernel.fn, amax,
                     {"B": b, "RHT_A": True, "RHT_B": True}, opts))
+    return out
+
+
+def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+    """The grouped token quantizers (bf16 tokens, SR) at their autotuned tiles with up to 64 groups, at the first
+    with up to 256, and their amax pass."""
+    head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "step_ptr": "*i64", "k1": "i32",
+            "codes_ptr": "*u8", "scales_ptr": "*u8"}
+    sizes = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
+    nvfp4 = head | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | sizes
+    out = []
+    for cfg, groups in [(c, 64) for c in qg.NVFP4_CONFIGS] + [(qg.NVFP4_CONFIGS[0], 256)]:
+        tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": groups, "RHT": False, "SR": True}
+        tag, opts = f"br{tile['BR']}_bk{tile['BK']}_e{groups}", {"num_warps": cfg.num_warps}
+        out.append((f"grouped_quantize_nvfp4_{tag}", qg._nvfp4_grouped_kernel.fn, nvfp4, tile, opts))
+        out.append((f"grouped_quantize_mxfp8_{tag}", qg._mxfp8_grouped_kernel.fn, head | sizes, tile | mx, opts))
+    amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "amax_ptr": "*i32", "R": "i32", "K": "i32",
+            "s_r": "i32", "s_k": "i32", "E": "i32"}
+    out.append(("grouped_quantize_amax", qg._group_amax_kernel, amax,
+                {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": False}, {}))
     return out
 
 

@@ -1,0 +1,147 @@
+"""Triton quantization of a grouped GEMM's token operand, every group at once: x (T, K) with its rows in
+groups given by the cumulative ends ``offs``, which the kernels read on the device. Each group is quantized
+along K exactly as ``grouped.grouped_mm`` quantizes it alone: NVFP4 with the group's own tensor scale (one
+amax per group), SR bits from the group's stream ``sr_stream(group_seed(seed, g), step)`` indexed within the
+group. An NVFP4 quantization is three launches (zeroing, per-group amaxes, the quantize kernel) and an MXFP8
+one is one, whatever the number of groups; rows past the last offset are left unwritten.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels.launch import cdiv
+from autoprec.kernels.numerics_triton import group_stream_keys
+from autoprec.kernels.quantize_triton import (
+    AMAX_R,
+    BLOCK_K,
+    H200_CHECKED,
+    KEY_ARGS,
+    MXFP8_GPU_CONFIGS,
+    _configs,
+    _load_tile,
+    _rht_operand,
+    mxfp8_encode_store,
+    nvfp4_encode_store,
+    tensor_scales,
+)
+from autoprec.kernels.random_bits import M32
+
+# The tiles of 8 elements per thread that an H200 has checked (MXFP8: less the one it found wrong). At the
+# 32-element tiles the per-row group lookup and SR keys push the kernels to 255 registers and spill
+# (tests/ptx_report.py).
+NVFP4_CONFIGS = H200_CHECKED
+MXFP8_CONFIGS = [c for c in MXFP8_GPU_CONFIGS if c in H200_CHECKED]
+
+
+@triton.jit
+def _row_groups(offs_ptr, rows, E, EP: tl.constexpr):
+    """The group of each of ``rows`` (E for a row past the last of the ``E`` cumulative ends at ``offs_ptr``;
+    EP: E rounded up to a power of two) and that group's first row."""
+    e = tl.arange(0, EP)
+    ends = tl.load(offs_ptr + e, mask=e < E, other=0x7FFFFFFF)
+    g = tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), 1)
+    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+    return g, start
+
+
+@triton.jit
+def _group_amax_kernel(x_ptr, m_ptr, offs_ptr, amax_ptr, R, K, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr,
+                       BK: tl.constexpr, RHT: tl.constexpr):
+    """Each group's max|x| over its finite values, as fp32 bits into the int32 ``amax_ptr[g]`` (E + 1 of them,
+    zeroed first; the last collects rows past the last offset). A program takes BR rows across K, then makes one
+    atomic max where its rows are all in one group, else one per row."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    amax = tl.zeros((BR,), tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.abs(_load_tile(x_ptr, m_ptr, rows, k0, R, K, s_r, s_k, BR, BK, RHT))
+        amax = tl.maximum(amax, tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1))
+    g, _ = _row_groups(offs_ptr, rows, E, EP)
+    valid = rows < R
+    g_lo, g_hi = tl.min(tl.where(valid, g, E), 0), tl.max(tl.where(valid, g, 0), 0)
+    if g_lo == g_hi:
+        tl.atomic_max(amax_ptr + g_lo, tl.max(tl.where(valid, amax, 0.0), 0).to(tl.int32, bitcast=True))
+    else:
+        tl.atomic_max(amax_ptr + g, amax.to(tl.int32, bitcast=True), mask=valid)
+
+
+@triton.jit
+def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.constexpr):
+    """(group of each row, SR bit index rows: each row's index within its group, keys k1, k2 of each row's group
+    stream as [BR, 1, 1]; 0, 0 without SR)."""
+    g, start = _row_groups(offs_ptr, rows, E, EP)
+    k1 = 0
+    k2 = 0
+    if SR:
+        k1, k2 = group_stream_keys(seed.to(tl.uint32, bitcast=True), g, step_ptr)
+        k1, k2 = k1[:, None, None], k2[:, None, None]
+    return g, rows - start, k1, k2
+
+
+@triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
+                          R, K, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                          RHT: tl.constexpr, SR: tl.constexpr):
+    """NVFP4 of tile (program ids) of the (R, K) view, each row under its group's tensor scales (``k1``: the
+    operand seed); program (0, 0) writes every group's decode scale to ``ts_ptr``."""
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    g, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
+    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
+    nvfp4_encode_store(y, amax_ptr, g[:, None], ts_ptr, False, x_ptr, a, b, sr_rows, K, 1, codes_ptr, scales_ptr,
+                       rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, False, True)
+    if pid_r == 0 and pid_k == 0:
+        e = tl.arange(0, EP)
+        _, s_dec = tensor_scales(tl.load(amax_ptr + e, mask=e < E, other=0).to(tl.float32, bitcast=True))
+        tl.store(ts_ptr + e, s_dec, mask=e < E)
+
+
+@triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, s_r, s_k, E,
+                          EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                          MAX: tl.constexpr, FLOOR: tl.constexpr, EP: tl.constexpr, BR: tl.constexpr,
+                          BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
+    """MXFP8 of tile (program ids) of the (R, K) view, SR bits from each row's group stream."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    _, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
+    y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, K, s_r, s_k, BR, BK, RHT)
+    mxfp8_encode_store(y, x_ptr, a, b, sr_rows, K, 1, codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K,
+                       EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+
+
+def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
+                               step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
+                               rht_signs_: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(codes, scales, per-group decode scales: E fp32 for NVFP4, else None) of 2D ``x`` quantized along dim 1,
+    each row group on its own; laid out as ``quantize_triton`` lays out x's quantization, so group g's codes and
+    scales are rows ``offs[g-1]:offs[g]``. ``seed``: the operand's SR seed (None: round to nearest); ``step``:
+    the model's call counter (an int64 device scalar), read on the device."""
+    n_rows, k = x.shape
+    groups = offs.shape[0]
+    ep = max(triton.next_power_of_2(groups), 2)
+    key = ((seed & M32) - (1 << 32) if seed & M32 >= 1 << 31 else seed & M32) if seed is not None else 0
+    mt = _rht_operand(x, rht, rht_signs_)
+    grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
+    common = dict(EP=ep, RHT=rht, SR=seed is not None)
+    if fmt is NVFP4:
+        amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
+        _group_amax_kernel[(cdiv(n_rows, AMAX_R),)](x, mt, offs, amax, n_rows, k, x.stride(0), x.stride(1), groups,
+                                                   EP=ep, BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        codes = torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8)
+        scales = torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8)
+        s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
+        _nvfp4_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, amax, s_dec, n_rows, k, x.stride(0),
+                                    x.stride(1), groups, **common)
+        return codes, scales.view(torch.float8_e4m3fn), s_dec
+    elem = fmt.elem
+    codes = torch.empty(n_rows, k, device=x.device, dtype=torch.uint8)
+    scales = torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8)
+    _mxfp8_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, n_rows, k, x.stride(0), x.stride(1), groups,
+                                EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
+                                FLOOR=scale_mode == "floor", **common)
+    return codes.view(elem.torch_dtype), scales, None

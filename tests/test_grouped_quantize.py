@@ -1,0 +1,92 @@
+"""The grouped token quantizer (every expert's tokens in one launch, offsets read on the device) makes, group by
+group, the bytes of quantizing each group alone (interpreter on CPU)."""
+import pytest
+import torch
+
+from helpers import bits_equal, edge_tensor
+
+triton = pytest.importorskip("triton")
+
+from autoprec.formats import get_format
+from autoprec.kernels import dispatch, quantize_ref, rht_ref
+from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
+from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+STEP = 5
+# groups: an empty one, one inside a tile, several across the 16-row tiles, and rows past the last offset
+ENDS = [0, 5, 5, 37, 38, 70]
+
+
+def tokens(rows: int = 76, k: int = 96) -> torch.Tensor:
+    """Edge values (NaN, Inf, subnormals) with the groups 1000x apart, so each needs its own tensor scale."""
+    x = edge_tensor(rows, k)
+    return x * torch.tensor([1000.0 ** (i % 3 - 1) for i in range(rows)])[:, None]
+
+
+def reference_groups(x, fmt, seed, rht):
+    """Each group quantized alone by the reference, with its own SR stream (None: round to nearest)."""
+    out, start = [], 0
+    for g, end in enumerate(ENDS):
+        part = x[start:end]
+        if end > start:
+            src = rht_ref(part, 1) if rht else part
+            rand = None if seed is None else sr_bits(part.shape, sr_stream(group_seed(seed, g), STEP))
+            out.append(quantize_ref(src, fmt, 1, rounding="rne" if seed is None else "sr", rand=rand))
+        else:
+            out.append(None)
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+@pytest.mark.parametrize("seed", [None, 2**31 - 5], ids=["rne", "sr"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+def test_grouped_quantizer_equals_each_group_alone(fmt, seed, rht):
+    x = tokens()
+    offs = torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
+    step = torch.tensor(STEP, device=DEVICE)
+    codes, scales, ts = quantize_row_groups_triton(x.to(DEVICE), get_format(fmt), offs, seed=seed, step=step, rht=rht)
+    start = 0
+    for g, (end, ref) in enumerate(zip(ENDS, reference_groups(x, fmt, seed, rht))):
+        if ref is not None:
+            assert bits_equal(codes[start:end].cpu(), ref.codes), f"group {g} codes"
+            assert bits_equal(scales[start:end].cpu(), ref.scales), f"group {g} scales"
+            if ts is not None:
+                assert bits_equal(ts[g].cpu(), ref.tensor_scale), f"group {g} tensor scale"
+        elif ts is not None:
+            assert ts[g].item() == 1.0  # an empty group's amax is 0: S_enc = S_dec = 1
+        start = end
+
+
+def test_grouped_amax_takes_each_groups_own_rows():
+    """One huge value per group, placed so that a 64-row amax tile holds several groups: each group's tensor
+    scale follows its own maximum, not its neighbours'."""
+    x = torch.ones(76, 32)
+    for g, (s, e) in enumerate(zip([0] + ENDS[:-1], ENDS)):
+        if e > s:
+            x[e - 1, 3] = 2.0 ** (4 * g)
+    offs = torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
+    _, _, ts = quantize_row_groups_triton(x.to(DEVICE), get_format("nvfp4"), offs, seed=None,
+                                          step=torch.tensor(0, device=DEVICE))
+    for g, (s, e) in enumerate(zip([0] + ENDS[:-1], ENDS)):
+        if e > s:
+            assert bits_equal(ts[g].cpu(), quantize_ref(x[s:e], "nvfp4", 1).tensor_scale)
+
+
+def test_grouped_experts_gemm_runs_the_grouped_quantizer(monkeypatch):
+    """A grouped 2d x 3d product under AUTOPREC_KERNELS=triton quantizes the tokens in one call (not one per
+    group) and equals the product in auto mode (each group quantized alone by the CPU kernels)."""
+    a = torch.randn(70, 64)
+    w = torch.randn(6, 64, 32)
+    offs = torch.tensor(ENDS, dtype=torch.int32)
+    opts = dict(rounding_a="sr", rounding_b="rne", seeds=(3, 4), step=torch.tensor(STEP), out_dtype=torch.float32)
+    expected = grouped_mm(a, w, offs, "nvfp4", **opts)
+    calls, original = [], dispatch.quantize_row_groups
+    monkeypatch.setattr(dispatch, "quantize_row_groups",
+                        lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    got = grouped_mm(a, w, offs, "nvfp4", **opts)
+    assert len(calls) == 1
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
