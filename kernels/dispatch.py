@@ -28,7 +28,7 @@ from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
-from autoprec.kernels.random_bits import StepStream, sr_bits
+from autoprec.kernels.random_bits import StepStream, group_seed, sr_bits, sr_stream
 from autoprec.kernels.scaled_grouped_mm_native import grouped_native_problem
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
@@ -132,6 +132,32 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
                         scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
 
     return one(rows, 1), one(cols, 0)
+
+
+def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, bounds: list[tuple[int, int]], *,
+                        rounding: str = "rne", seed: int = 0, step: torch.Tensor | int = 0, scale_mode: str = "rceil",
+                        rht: bool = False, rht_signs: torch.Tensor | None = None) -> list[QuantizedTensor | None]:
+    """Each row group ``x[s:e]`` of 2D ``x`` (``bounds``, the groups of the cumulative ends ``offs``) quantized
+    along dim 1 on its own, as a grouped GEMM's token operand is: NVFP4 with the group's own tensor scale, SR
+    bits from the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch
+    (two more for NVFP4's amaxes), ``offs`` and ``step`` read on the device; elsewhere one quantization per
+    group, None for an empty one."""
+    fmt = check_quantize_args(x, fmt, 1, rounding, False, scale_mode)
+    if x.ndim != 2:
+        raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
+    if _use_triton(x.device, quantize_supports(x)):
+        from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
+
+        if not isinstance(step, torch.Tensor):  # a fill on the device: no copy from the host, no wait
+            step = torch.full((), step, dtype=torch.int64, device=x.device)
+        codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
+                                                       step=step, scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+        return [QuantizedTensor(fmt, codes[s:e], scales[s:e], None if ts is None else ts[g], 1,
+                                torch.Size((e - s, x.shape[1]))) for g, (s, e) in enumerate(bounds)]
+    step = int(step)
+    return [quantize(x[s:e], fmt, 1, rounding=rounding, seed=sr_stream(group_seed(seed, g), step), tile2d=False,
+                     scale_mode=scale_mode, rht=rht, rht_signs=rht_signs) if e > s else None
+            for g, (s, e) in enumerate(bounds)]
 
 
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:

@@ -81,7 +81,7 @@ def grouped_mm(
     rht: bool = False,
     rht_signs: torch.Tensor | None = None,
     seeds: tuple[int, int] = (0, 0),
-    step: int = 0,
+    step: torch.Tensor | int = 0,
     scale_mode: str = "rceil",
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -103,10 +103,18 @@ def grouped_mm(
             out[slot] = (torch.mm(ag, bg) if fmt == EXACT else
                          dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)).to(out_dtype)
         return out
+    block = get_format(fmt).block_size
+    row_groups = None  # 2d x 3d: the token groups quantized together
+    if layout == "2d3d" and a.shape[1] % block == 0 and groups:
+        row_groups = dispatch.quantize_row_groups(
+            a, fmt, offs, [(slot.start, slot.stop) for _, slot, _, _ in every], rounding=rounding_a, seed=seeds[0],
+            step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+    step = int(step)
     quantized = []
     for g, slot, ag, bg in groups:
-        ag, bg = _pad_reduction(ag, bg, get_format(fmt).block_size)
-        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
+        ag, bg = _pad_reduction(ag, bg, block)
+        qa = row_groups[g] if row_groups else _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False,
+                                                        scale_mode, rht, rht_signs)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
         quantized.append((g, slot, qa, qb))
     if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype, sizes):

@@ -192,7 +192,7 @@ def grouped_mm(
     ``seed_a`` / ``seed_b`` and ``step``."""
     return grouped.grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b,
                               rht=rht, rht_signs=rht_signs(rht_seed) if rht else None, seeds=(seed_a, seed_b),
-                              step=int(step), scale_mode=scale_mode, out_dtype=out_dtype)
+                              step=step, scale_mode=scale_mode, out_dtype=out_dtype)
 
 
 @_fake(grouped_mm)
