@@ -20,9 +20,17 @@ os.environ["AUTOPREC_KERNELS"] = "triton"
 import torch  # noqa: E402
 
 import autoprec  # noqa: E402, F401  (registers torch.ops.autoprec)
-from autoprec.kernels import dispatch, quantize_triton, scaled_mm_decoded, scaled_mm_triton  # noqa: E402
+from autoprec.kernels import (  # noqa: E402
+    dispatch,
+    quantize_grouped_triton,
+    quantize_triton,
+    scaled_mm_decoded,
+    scaled_mm_triton,
+)
+from autoprec.kernels.grouped import grouped_mm  # noqa: E402
 
 KERNELS = {quantize_triton: ("_nvfp4_kernel", "_mxfp8_kernel", "_amax_kernel"),
+           quantize_grouped_triton: ("_nvfp4_grouped_kernel", "_mxfp8_grouped_kernel", "_group_amax_kernel"),
            scaled_mm_decoded: ("_decode_kernel", "_epilogue_kernel"), scaled_mm_triton: ("scaled_mm_kernel",)}
 
 
@@ -60,6 +68,8 @@ def main() -> None:
 def per_op(calls: int) -> None:
     """Host time per call of each autoprec op."""
     x, w, step = torch.randn(64, 64), torch.randn(64, 64), torch.tensor(5)  # small: the fp32 product is run
+    tokens, experts = torch.randn(8 * 64, 64), torch.randn(8, 64, 64)  # 64 tokens per expert, fprop (2d x 3d)
+    offs = torch.arange(64, 8 * 64 + 1, 64, dtype=torch.int32)
     quantize, scaled_mm = torch.ops.autoprec.quantize.default, torch.ops.autoprec.scaled_mm.default
     rows = quantize(x, "nvfp4", 1, "rne", 3, False, "rceil", False, 0, step)
     cols = quantize(w, "nvfp4", 0, "rne", 3, False, "rceil", False, 0, step)
@@ -71,6 +81,8 @@ def per_op(calls: int) -> None:
         "quantize mxfp8 rows, RNE": lambda: quantize(x, "mxfp8", 1, "rne", 3, False, "rceil", False, 0, step),
         "scaled_mm nvfp4 x nvfp4": lambda: scaled_mm(*rows, "nvfp4", *cols, "nvfp4", 1, None, torch.bfloat16),
         "scaled_mm mxfp8 x mxfp8": lambda: scaled_mm(*mx_rows, "mxfp8", *mx_cols, "mxfp8", 1, None, torch.bfloat16),
+        "grouped_mm nvfp4, 8 experts": lambda: grouped_mm(tokens, experts, offs, "nvfp4", rounding_a="sr", step=step,
+                                                          out_dtype=torch.bfloat16),
     }
     print(f"host time per op call, Triton launches replaced by no-ops ({calls} calls each)")
     for name, fn in ops.items():

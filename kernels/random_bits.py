@@ -8,6 +8,7 @@ product is formed from 16-bit halves, so int64 arithmetic stays exact (no signed
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ class StepStream:
     def seed_key(self) -> int:
         """mix32 of the stream's high word (its seed): ``stream_keys`` with the step's low word, as a kernel
         holding the step computes it, is ``k1 = mix32(step ^ seed_key)``, ``k2 = mix32(k1 ^ GOLDEN)``."""
-        return mix32(self.seed & M32)
+        return _seed_key(self.seed & M32)
 
 
 def group_seed(seed: int, group: int) -> int:
@@ -59,6 +60,13 @@ def mix32(x):
     x = x ^ (x >> 15)
     x = _mul32(x, 0x735A2D97)
     return x ^ (x >> 15)
+
+
+@functools.lru_cache(maxsize=65536)
+def _seed_key(seed: int) -> int:
+    """mix32(seed), cached: a model's operand seeds are fixed, and mix32 in Python costs ~10 us a call on the host
+    of every SR quantization."""
+    return mix32(seed)
 
 
 def stream_keys(stream: int) -> tuple[int, int]:
