@@ -1,9 +1,14 @@
-"""Triton quantization of a grouped GEMM's token operand, every group at once: x (T, K) with its rows in
-groups given by the cumulative ends ``offs``, which the kernels read on the device. Each group is quantized
-along K exactly as ``grouped.grouped_mm`` quantizes it alone: NVFP4 with the group's own tensor scale (one
-amax per group), SR bits from the group's stream ``sr_stream(group_seed(seed, g), step)`` indexed within the
-group. An NVFP4 quantization is three launches (zeroing, per-group amaxes, the quantize kernel) and an MXFP8
-one is one, whatever the number of groups; rows past the last offset are left unwritten.
+"""Triton quantization of a grouped GEMM's operands, every group at once, each group quantized exactly as
+``grouped.grouped_mm`` quantizes it alone: NVFP4 with the group's own tensor scale (one amax per group), SR
+bits from the group's stream ``sr_stream(group_seed(seed, g), step)`` indexed within the group.
+
+- Token groups (``quantize_row_groups_triton``): x (T, K) with its rows in groups given by the cumulative ends
+  ``offs``, which the kernels read on the device; rows past the last offset are left unwritten.
+- Expert weights (``quantize_batches_triton``): each item of a 3D (E, K, N) tensor blocked along K, the grid's
+  third axis, read in place through its strides.
+
+An NVFP4 quantization is three launches (zeroing, per-group amaxes, the quantize kernel) and an MXFP8 one is
+one, whatever the number of groups.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
+    AMAX_PROGRAMS,
     AMAX_R,
     BLOCK_K,
     H200_CHECKED,
@@ -144,4 +150,97 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     _mxfp8_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, n_rows, k, x.stride(0), x.stride(1), groups,
                                 EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
                                 FLOOR=scale_mode == "floor", **common)
+    return codes.view(elem.torch_dtype), scales, None
+
+
+@triton.jit
+def _batch_amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr, BK: tl.constexpr,
+                       RHT: tl.constexpr):
+    """Batch item ``program_id(1)``'s max|x| over its finite values into ``amax_ptr[item]`` (zeroed first), its
+    tiles folded per program as ``quantize_triton._amax_kernel`` folds them."""
+    item = tl.program_id(1)
+    x_ptr += item.to(tl.int64) * s_b
+    n_k = tl.cdiv(K, BK)
+    amax = 0.0
+    for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
+        rows = (t // n_k) * BR + tl.arange(0, BR)
+        a = tl.abs(_load_tile(x_ptr, m_ptr, rows, (t % n_k) * BK, R, K, s_r, s_k, BR, BK, RHT))
+        amax = tl.maximum(amax, tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0))
+    tl.atomic_max(amax_ptr + item, amax.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _batch_item(x_ptr, seed, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b, SR: tl.constexpr):
+    """(program's batch item, its source, codes and scales pointers, its group stream's keys; 0, 0 without SR)."""
+    item = tl.program_id(2)
+    k1 = 0
+    k2 = 0
+    if SR:
+        k1, k2 = group_stream_keys(seed.to(tl.uint32, bitcast=True), item, step_ptr)
+    at = item.to(tl.int64)  # items of a large expert tensor lie past 2**31 elements
+    return item, x_ptr + at * s_b, codes_ptr + at * c_b, scales_ptr + at * sc_b, k1, k2
+
+
+@triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "K", "s_k", "RHT", "SR", "TILE2D"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, s_b,
+                        r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
+                        SR: tl.constexpr, TILE2D: tl.constexpr):
+    """NVFP4 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view, under its tensor scales;
+    its tile (0, 0) writes its decode scale to ``ts_ptr[item]``."""
+    item, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b,
+                                                           sc_b, SR)
+    pid_r, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
+    nvfp4_encode_store(y, amax_ptr, item, ts_ptr + item, pid_r == 0 and pid_k == 0, x_ptr, a, b, rows, r_r, r_k,
+                       codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
+
+
+@triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, s_r, s_k, s_b, r_r, r_k, c_b, sc_b,
+                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                        MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                        RHT: tl.constexpr, SR: tl.constexpr):
+    """MXFP8 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view."""
+    _, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b,
+                                                        SR)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, K, s_r, s_k, BR, BK, RHT)
+    mxfp8_encode_store(y, x_ptr, a, b, rows, r_r, r_k, codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K,
+                       EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+
+
+def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, step: torch.Tensor,
+                            tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
+                            rht_signs_: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(codes (E, N, ...), scales (E, ...), per-item decode scales: E fp32 for NVFP4, else None) of each item
+    x[e] of a 3D (E, K, N) tensor quantized along K (its dim 0) on its own, laid out as ``quantize_triton`` lays
+    out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s."""
+    items, k, n = x.shape
+    key = ((seed & M32) - (1 << 32) if seed & M32 >= 1 << 31 else seed & M32) if seed is not None else 0
+    mt = _rht_operand(x, rht, rht_signs_)
+    grid = lambda meta: (cdiv(n, meta["BR"]), cdiv(k, meta["BK"]), items)  # noqa: E731
+    view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=1, r_k=n)  # SR: x[e]'s indices
+    common = dict(RHT=rht, SR=seed is not None)
+    if fmt is NVFP4:
+        amax = torch.zeros(items, device=x.device, dtype=torch.int32)
+        tiles = cdiv(n, AMAX_R) * cdiv(k, BLOCK_K)
+        _batch_amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k, x.stride(2), x.stride(1),
+                                                               x.stride(0), BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        codes = torch.empty(items, n, k // 2, device=x.device, dtype=torch.uint8)
+        scales = torch.empty((items, n // 16, k // 16) if tile2d else (items, n, k // 16), device=x.device,
+                             dtype=torch.uint8)
+        s_dec = torch.empty(items, device=x.device, dtype=torch.float32)
+        _nvfp4_batch_kernel[grid](x, mt, step, key, codes, scales, amax, s_dec, **view, c_b=codes[0].numel(),
+                                  sc_b=scales[0].numel(), TILE2D=tile2d, **common)
+        return codes, scales.view(torch.float8_e4m3fn), s_dec
+    elem = fmt.elem
+    codes = torch.empty(items, n, k, device=x.device, dtype=torch.uint8)
+    scales = torch.empty(items, n, k // 32, device=x.device, dtype=torch.uint8)
+    _mxfp8_batch_kernel[grid](x, mt, step, key, codes, scales, **view, c_b=n * k, sc_b=n * (k // 32),
+                              EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
+                              FLOOR=scale_mode == "floor", **common)
     return codes.view(elem.torch_dtype), scales, None

@@ -148,7 +148,7 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 
 def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     """The grouped token quantizers (bf16 tokens, SR) at their autotuned tiles with up to 64 groups, at the first
-    with up to 256, and their amax pass."""
+    with up to 256, the expert weight quantizers at their tiles, and both amax passes."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "step_ptr": "*i64", "k1": "i32",
             "codes_ptr": "*u8", "scales_ptr": "*u8"}
     sizes = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
@@ -163,6 +163,19 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
             "s_r": "i32", "s_k": "i32", "E": "i32"}
     out.append(("grouped_quantize_amax", qg._group_amax_kernel, amax,
                 {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": False}, {}))
+    batch = {"x_ptr": "*bf16", "m_ptr": "*fp32", "step_ptr": "*i64", "k1": "i32", "codes_ptr": "*u8",
+             "scales_ptr": "*u8"}
+    strides = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "s_b": "i32", "r_r": "i32", "r_k": "i32",
+               "c_b": "i32", "sc_b": "i32"}
+    for cfg in qg.NVFP4_CONFIGS:  # expert weights (SR, 16x16 tiles for NVFP4), read down their strided K
+        tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "RHT": False, "SR": True}
+        tag, opts = f"br{tile['BR']}_bk{tile['BK']}", {"num_warps": cfg.num_warps}
+        out.append((f"batch_quantize_nvfp4_{tag}", qg._nvfp4_batch_kernel.fn,
+                    batch | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | strides, tile | {"TILE2D": True}, opts))
+        out.append((f"batch_quantize_mxfp8_{tag}", qg._mxfp8_batch_kernel.fn, batch | strides, tile | mx, opts))
+    amax = {k: v for k, v in amax.items() if k not in ("offs_ptr", "E")} | {"s_b": "i32"}
+    out.append(("batch_quantize_amax", qg._batch_amax_kernel, amax, {"BR": qt.AMAX_R, "BK": qt.BLOCK_K,
+                                                                    "RHT": False}, {}))
     return out
 
 

@@ -10,7 +10,7 @@ triton = pytest.importorskip("triton")
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, quantize_ref, rht_ref
 from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
+from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,18 +75,57 @@ def test_grouped_amax_takes_each_groups_own_rows():
             assert bits_equal(ts[g].cpu(), quantize_ref(x[s:e], "nvfp4", 1).tensor_scale)
 
 
-def test_grouped_experts_gemm_runs_the_grouped_quantizer(monkeypatch):
-    """A grouped 2d x 3d product under AUTOPREC_KERNELS=triton quantizes the tokens in one call (not one per
-    group) and equals the product in auto mode (each group quantized alone by the CPU kernels)."""
+def test_grouped_experts_gemm_runs_the_grouped_quantizers(monkeypatch):
+    """A grouped 2d x 3d product under AUTOPREC_KERNELS=triton quantizes the tokens in one call and the expert
+    weights in one (not one each per group) and equals the product in auto mode (each group quantized alone by
+    the CPU kernels)."""
     a = torch.randn(70, 64)
     w = torch.randn(6, 64, 32)
     offs = torch.tensor(ENDS, dtype=torch.int32)
     opts = dict(rounding_a="sr", rounding_b="rne", seeds=(3, 4), step=torch.tensor(STEP), out_dtype=torch.float32)
     expected = grouped_mm(a, w, offs, "nvfp4", **opts)
-    calls, original = [], dispatch.quantize_row_groups
-    monkeypatch.setattr(dispatch, "quantize_row_groups",
-                        lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    calls = []
+    for name in ("quantize_row_groups", "quantize_batches", "quantize"):
+        original = getattr(dispatch, name)
+        monkeypatch.setattr(dispatch, name, lambda *args, _f=original, _n=name, **kwargs: calls.append(_n) or
+                            _f(*args, **kwargs))
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     got = grouped_mm(a, w, offs, "nvfp4", **opts)
-    assert len(calls) == 1
+    assert sorted(calls) == ["quantize_batches", "quantize_row_groups"]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_quantizer_with_many_uneven_groups():
+    """37 experts (the lookup's power of two is 64), a third of them empty, in bf16 as a model's tokens are."""
+    gen = torch.Generator().manual_seed(3)
+    sizes = torch.randint(0, 12, (37,), generator=gen) * (torch.rand(37, generator=gen) > 0.33)
+    ends = sizes.cumsum(0).tolist()
+    x = (torch.randn(ends[-1] + 3, 32, generator=gen) * 10.0 ** torch.randint(-3, 4, (ends[-1] + 3, 1))).bfloat16()
+    offs = torch.tensor(ends, dtype=torch.int32, device=DEVICE)
+    codes, scales, ts = quantize_row_groups_triton(x.to(DEVICE), get_format("nvfp4"), offs, seed=11,
+                                                   step=torch.tensor(STEP, device=DEVICE))
+    for g, (s, e) in enumerate(zip([0] + ends[:-1], ends)):
+        if e > s:
+            ref = quantize_ref(x[s:e], "nvfp4", 1, rounding="sr", rand=sr_bits((e - s, 32), sr_stream(group_seed(11, g),
+                                                                                                       STEP)))
+            assert bits_equal(codes[s:e].cpu(), ref.codes) and bits_equal(scales[s:e].cpu(), ref.scales), g
+            assert bits_equal(ts[g].cpu(), ref.tensor_scale), g
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("fmt,seed,tile2d", [("nvfp4", None, True), ("nvfp4", 7, False), ("mxfp8", 7, False),
+                                             ("mxfp8_e5m2", None, False)])
+def test_batched_expert_quantizer_equals_each_expert_alone(fmt, seed, tile2d, layout):
+    """Expert weights (E, K, N) blocked along K, every expert in one launch (read in place, also as the transposed
+    view a dgrad passes), against each expert quantized alone: its own tensor scale and SR stream."""
+    w = torch.stack([edge_tensor(64, 48, seed=e) * 1000.0 ** (e - 1) for e in range(3)])  # (3, K=64, N=48)
+    if layout == "transposed":
+        w = torch.stack([edge_tensor(48, 64, seed=e) * 1000.0 ** (e - 1) for e in range(3)]).transpose(1, 2)
+    codes, scales, ts = quantize_batches_triton(w.to(DEVICE), get_format(fmt), seed=seed,
+                                                step=torch.tensor(STEP, device=DEVICE), tile2d=tile2d)
+    for e in range(3):
+        rand = None if seed is None else sr_bits(w[e].shape, sr_stream(group_seed(seed, e), STEP))
+        ref = quantize_ref(w[e], fmt, 0, rounding="rne" if seed is None else "sr", rand=rand, tile2d=tile2d)
+        assert bits_equal(codes[e].cpu(), ref.codes) and bits_equal(scales[e].cpu(), ref.scales), e
+        if ts is not None:
+            assert bits_equal(ts[e].cpu(), ref.tensor_scale), e

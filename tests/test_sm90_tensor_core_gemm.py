@@ -52,6 +52,8 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
     assert len(dual) == 2 * 2 * len(CONFIGS) and all(r["sr_hash"] for r in dual)
     grouped = [r for r in ptx_report if r["kernel"].startswith(("grouped_quantize_nvfp4", "grouped_quantize_mxfp8"))]
     assert len(grouped) == 2 * 2 * 4 and all(r["sr_hash"] for r in grouped)  # 3 tiles at 64 groups, 1 at 256
+    batched = [r for r in ptx_report if r["kernel"].startswith(("batch_quantize_nvfp4", "batch_quantize_mxfp8"))]
+    assert len(batched) == 2 * 2 * 3 and all(r["sr_hash"] for r in batched)
 
 
 def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report):
@@ -65,7 +67,7 @@ def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
     assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "decode_nvfp4", "decode_mxfp8", "epilogue",
                                                  "quantize_nvfp4", "quantize_mxfp8", "quantize_amax",
                                                  "quantize_nvfp4_hashed", "quantize_mxfp8_hashed",
-                                                 "grouped_quantize_amax"}
+                                                 "grouped_quantize_amax", "batch_quantize_amax"}
     for r in ptx_report:
         assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
         assert r["shared"] <= SHARED_LIMIT[r["cap"]], r
