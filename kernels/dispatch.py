@@ -160,6 +160,30 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
             for g, (s, e) in enumerate(bounds)]
 
 
+def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", seed: int = 0,
+                     step: torch.Tensor | int = 0, tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
+                     rht_signs: torch.Tensor | None = None) -> list[QuantizedTensor]:
+    """Each item ``x[e]`` of a 3D (E, K, N) tensor (a grouped GEMM's expert weights) quantized along K on its own,
+    as ``quantize_row_groups`` quantizes token groups (the item's own tensor scale and SR stream
+    ``sr_stream(group_seed(seed, e), step)``): one Triton quantization of every item where Triton runs, else one
+    per item."""
+    if x.ndim != 3:
+        raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
+    fmt = check_quantize_args(x[0], fmt, 0, rounding, tile2d, scale_mode)
+    if _use_triton(x.device, quantize_supports(x)):
+        from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
+
+        if not isinstance(step, torch.Tensor):
+            step = torch.full((), step, dtype=torch.int64, device=x.device)
+        codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None, step=step,
+                                                    tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+        return [QuantizedTensor(fmt, codes[e], scales[e], None if ts is None else ts[e], 0, x.shape[1:],
+                                16 if tile2d else 1) for e in range(x.shape[0])]
+    step = int(step)
+    return [quantize(x[e], fmt, 0, rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
+                     scale_mode=scale_mode, rht=rht, rht_signs=rht_signs) for e in range(x.shape[0])]
+
+
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
     """Why the one-read kernel cannot quantize 2D ``x`` both ways (a dim not a multiple of the block)."""
     if x.shape[0] % fmt.block_size or x.shape[1] % fmt.block_size:

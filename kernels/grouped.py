@@ -14,10 +14,12 @@ stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks
 of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
 amax nor the product. Rows past the last offset are zero.
 
-On sm_100 and later the quantized groups run as one native grouped GEMM (``scaled_grouped_mm_native``):
+A 2d x 3d product's token groups and expert weights are quantized together (``dispatch.quantize_row_groups``,
+``dispatch.quantize_batches``: one Triton quantization of every group on a GPU, the offsets read on the
+device). On sm_100 and later the quantized groups run as one native grouped GEMM (``scaled_grouped_mm_native``):
 2d x 3d, and 2d x 2d where every group is a multiple of 32 tokens (torchtitan pads token groups so); elsewhere
-each group is one ``dispatch.scaled_mm``. The group bounds are read on the host either way (the loop's
-slices, the per-group quantization).
+each group is one ``dispatch.scaled_mm``. The group bounds are read on the host either way (the loop's slices;
+the 2d x 2d wgrad's per-group quantization).
 """
 from __future__ import annotations
 
@@ -104,17 +106,21 @@ def grouped_mm(
                          dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)).to(out_dtype)
         return out
     block = get_format(fmt).block_size
-    row_groups = None  # 2d x 3d: the token groups quantized together
+    row_groups = experts = None  # 2d x 3d: the token groups quantized together, and the experts' weights
     if layout == "2d3d" and a.shape[1] % block == 0 and groups:
         row_groups = dispatch.quantize_row_groups(
             a, fmt, offs, [(slot.start, slot.stop) for _, slot, _, _ in every], rounding=rounding_a, seed=seeds[0],
             step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+        experts = dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
+                                            scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
     step = int(step)
     quantized = []
     for g, slot, ag, bg in groups:
+        if row_groups:
+            quantized.append((g, slot, row_groups[g], experts[g]))
+            continue
         ag, bg = _pad_reduction(ag, bg, block)
-        qa = row_groups[g] if row_groups else _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False,
-                                                        scale_mode, rht, rht_signs)
+        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
         quantized.append((g, slot, qa, qb))
     if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype, sizes):
