@@ -113,7 +113,8 @@ def grouped_mm(
             step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         experts = dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-    step = int(step)
+    if not row_groups:
+        step = int(step)  # the per-group quantizations' SR streams, made on the host
     quantized = []
     for g, slot, ag, bg in groups:
         if row_groups:

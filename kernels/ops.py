@@ -179,7 +179,7 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
 
 
-# The grouped op reads its group offsets on the host (the per-group quantization and loop), which a CUDA graph
+# The grouped op reads its group offsets on the host (the per-group GEMM loop), which a CUDA graph
 # cannot capture: the tag makes inductor's mode="reduce-overhead" leave its graphs uncaptured (or, with graph
 # partitions, run the op between captured parts) instead of failing inside the capture.
 @_op(tags=(torch.Tag.cudagraph_unsafe,))

@@ -119,6 +119,12 @@ def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
                        EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
+def _seed_arg(seed: int | None) -> int:
+    """An operand seed as the int32 kernel argument holding its low 32 bits (0 without SR)."""
+    low = 0 if seed is None else seed & M32
+    return low - (1 << 32) if low >= 1 << 31 else low
+
+
 def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
                                step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
                                rht_signs_: torch.Tensor | None = None
@@ -130,7 +136,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     n_rows, k = x.shape
     groups = offs.shape[0]
     ep = max(triton.next_power_of_2(groups), 2)
-    key = ((seed & M32) - (1 << 32) if seed & M32 >= 1 << 31 else seed & M32) if seed is not None else 0
+    key = _seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
@@ -220,7 +226,7 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     x[e] of a 3D (E, K, N) tensor quantized along K (its dim 0) on its own, laid out as ``quantize_triton`` lays
     out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s."""
     items, k, n = x.shape
-    key = ((seed & M32) - (1 << 32) if seed & M32 >= 1 << 31 else seed & M32) if seed is not None else 0
+    key = _seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n, meta["BR"]), cdiv(k, meta["BK"]), items)  # noqa: E731
     view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=1, r_k=n)  # SR: x[e]'s indices

@@ -180,9 +180,10 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
                        HASH: tl.constexpr, TILE2D: tl.constexpr, GROUPED: tl.constexpr):
     """NVFP4 codes and block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from ``col0``),
     stored at ``codes_ptr`` and ``scales_ptr``, under the tensor scales of the amax bits at ``amax_ptr +
-    amax_idx``: one tensor's (``amax_idx`` 0; the ``first`` tile writes its decode scale to ``ts_ptr``), or with
-    GROUPED each row's group's (``amax_idx`` [BR, 1]). With SR, the bits are ``_load_rand``'s for rows
-    ``sr_rows``, made where they are used (made earlier, they stay live across the scales and spill)."""
+    amax_idx``: one tensor's or batch item's (a scalar ``amax_idx``; the ``first`` tile writes its decode scale
+    to ``ts_ptr``), or with GROUPED each row's group's (``amax_idx`` [BR, 1]). With SR, the bits are
+    ``_load_rand``'s for rows ``sr_rows``, made where they are used (made earlier, they stay live across the
+    scales and spill)."""
     NB: tl.constexpr = BK // 16
     # |y|'s bits order as |y| does, NaN and Inf above every finite value: one integer max gives the block amax,
     # or a non-finite one, which makes the whole block NaN (its finite amax is not needed then)
