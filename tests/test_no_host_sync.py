@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 from autoprec.formats import get_format
 from autoprec.kernels import dequantize_ref, dispatch, quantize_ref
 from autoprec.kernels.operand import as_operand
+from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.quantize_triton import quantize_triton
 from autoprec.kernels.random_bits import StepStream, sr_stream
 from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded
@@ -53,6 +54,22 @@ def test_quantize_and_decoded_matmul_read_nothing_on_the_host(fmt):
         qb = quantize_triton(w, f, 0)
         for b, out_dtype in ((None, torch.bfloat16), (bias, torch.float32)):
             scaled_mm_decoded(as_operand(qa, 1, "a"), as_operand(qb, 0, "b"), b, out_dtype)
+    assert rec.found == []
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_grouped_quantizers_read_nothing_on_the_host(fmt):
+    """An experts GEMM's token groups and expert weights, quantized with SR: the offsets and the step stay on the
+    device (the per-group loop read both on the host)."""
+    gen = torch.Generator().manual_seed(1)
+    tokens, experts = torch.randn(70, 64, generator=gen).to(DEVICE), torch.randn(4, 64, 32, generator=gen).to(DEVICE)
+    offs, step = torch.tensor([10, 10, 50, 64], dtype=torch.int32).to(DEVICE), torch.tensor(3).to(DEVICE)
+    f = get_format(fmt)
+    quantize_row_groups_triton(tokens, f, offs, seed=1, step=step)  # compiled (and autotuned) outside the check
+    quantize_batches_triton(experts, f, seed=2, step=step, tile2d=f.name == "nvfp4")
+    with HostReads() as rec:
+        quantize_row_groups_triton(tokens, f, offs, seed=1, step=step)
+        quantize_batches_triton(experts, f, seed=2, step=step, tile2d=f.name == "nvfp4")
     assert rec.found == []
 
 
