@@ -9,8 +9,9 @@ Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³),
 the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
 decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
 at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
-torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one GEMM per group).
-The step is one forward+backward of a
+torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one GEMM per group);
+grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each against one
+quantization per group. The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
 nvfp4, mxfp8 and auto plans (inner inductor); --graphs adds the bf16 and nvfp4 steps under
 mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py measures).
@@ -90,6 +91,7 @@ def main() -> None:
     if args.sweep:
         sweep(8192, 8192, 2048, args.bf16_tflops)
     grouped(args.bf16_tflops)
+    grouped_quantize(args.hbm_tbs)
     if not args.no_step:
         training_step(args.layers, args.profile, args.graphs)
 
@@ -204,6 +206,39 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
                     flops, ms_bf16, peak, f"  {path}" + (f" ({why})" if why else ""))
             except Exception as e:  # a path that fails here should not hide the other rows
                 print(f"{fmt + ' + quantize':<28}  failed: {str(e).splitlines()[0][:80]}")
+
+
+def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
+    """An experts fprop's operands quantized by the grouped quantizers (every group in one pass, offsets read on
+    the device) against one quantization per group, in GB/s against HBM peak."""
+    import triton.testing
+
+    from autoprec.kernels.dispatch import quantize, quantize_batches, quantize_row_groups
+    from autoprec.kernels.random_bits import group_seed, sr_stream
+
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16) * 0.02
+    offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * (tokens // experts)
+    bounds = [(g * (tokens // experts), (g + 1) * (tokens // experts)) for g in range(experts)]
+    step = torch.tensor(1, device="cuda")
+    print(f"\n{'grouped quantize, ' + str(experts) + ' experts':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}")
+    for fmt in ("nvfp4", "mxfp8"):
+        tile2d = fmt == "nvfp4"
+        cases = [
+            (f"{fmt} tokens sr, grouped", x, lambda f=fmt: quantize_row_groups(x, f, offs, bounds, rounding="sr",
+                                                                                seed=1, step=step)),
+            (f"{fmt} tokens sr, per group", x, lambda f=fmt: [
+                quantize(x[s:e], f, 1, rounding="sr", seed=sr_stream(group_seed(1, g), 1))
+                for g, (s, e) in enumerate(bounds)]),
+            (f"{fmt} weights, batched", w, lambda f=fmt: quantize_batches(w, f, tile2d=tile2d)),
+            (f"{fmt} weights, per expert", w, lambda f=fmt: [quantize(w[e], f, 0, tile2d=tile2d)
+                                                             for e in range(experts)]),
+        ]
+        for name, src, fn in cases:
+            written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())  # grouped: slices of one buffer
+            ms = triton.testing.do_bench(fn)
+            gbs = (src.nbytes + written) / ms / 1e6
+            print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (hbm_tbs * 1e3):>7.0f}%")
 
 
 def training_step(layers: int, profile: bool = False, graphs: bool = False) -> None:
