@@ -1,5 +1,6 @@
-"""The grouped token quantizer (every expert's tokens in one launch, offsets read on the device) makes, group by
-group, the bytes of quantizing each group alone (interpreter on CPU)."""
+"""The grouped quantizers (every expert's tokens in one launch, offsets read on the device; every expert's weight in
+one launch) make, group by group, the bytes of quantizing each group alone (interpreter on CPU), and a grouped
+GEMM, alone and in a compiled MoE block, runs through them."""
 import pytest
 import torch
 
