@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--step", action="store_true", help="also time training steps of an 8-layer GPT")
+    parser.add_argument("--experts", type=int, default=0, help="with --step: MoE MLPs of this many experts")
     args = parser.parse_args()
     for module, names in KERNELS.items():
         for name in names:
@@ -63,7 +64,7 @@ def main() -> None:
     dispatch.quantize_dual = dispatch.quantize_copies  # as on a GPU: two single quantizations
     per_op(args.calls)
     if args.step:
-        steps()
+        steps(experts=args.experts)
 
 
 def per_op(calls: int) -> None:
@@ -90,19 +91,22 @@ def per_op(calls: int) -> None:
         print(f"  {name:<32}{per_call_us(fn, calls):8.1f} us")
 
 
-def steps(layers: int = 8, timed: int = 20) -> None:
-    """Milliseconds per forward + backward of a d=64 GPT (the op count of any width) under inductor: bf16, then
-    each plan, with the number of quantizations and block-scaled matmuls a step makes."""
+def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
+    """Milliseconds per forward + backward of a d=64 GPT (the op count of any width; ``experts``: MoE MLPs) under
+    inductor: bf16, then each plan, with the number of quantizations and block-scaled matmuls a step makes (a
+    grouped quantization counts once)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from gpt_model import TinyGPT, tokens
 
     idx, tgt = tokens(batch=1, ctx=64, vocab=512)
-    print(f"\ntraining step, GPT {layers}x64 under inductor (CPU){'ms':>12}{'x bf16':>8}{'quantize':>10}{'matmul':>8}")
+    name = f"GPT {layers}x64" + (f", {experts} experts" if experts else "")
+    print(f"\n{'training step, ' + name + ' under inductor (CPU)':<50}{'ms':>8}{'x bf16':>8}{'quantize':>10}"
+          f"{'matmul':>8}")
     base = None
     for recipe in (None, "nvfp4", "mxfp8"):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = TinyGPT(vocab=512, d=64, layers=layers, heads=4, ctx=64, sdpa=True).bfloat16()
+        model = TinyGPT(vocab=512, d=64, layers=layers, heads=4, ctx=64, sdpa=True, experts=experts).bfloat16()
         compiled = torch.compile(model) if recipe is None else torch.compile(
             model, backend="autoprec", options={"recipe": recipe, "inner": "inductor"})
 
@@ -118,9 +122,10 @@ def steps(layers: int = 8, timed: int = 20) -> None:
 
 
 def _count_calls(step) -> tuple[int, int]:
-    """(quantizations, block-scaled matmuls) in one ``step``: calls of the Triton quantizer and the decoded matmul."""
+    """(quantizations, block-scaled matmuls) in one ``step``: calls of the Triton quantizers and the decoded matmul."""
     counts = {}
-    targets = ((quantize_triton, "quantize_triton"), (scaled_mm_decoded, "scaled_mm_decoded"))
+    targets = ((quantize_triton, "quantize_triton"), (quantize_grouped_triton, "quantize_row_groups_triton"),
+               (quantize_grouped_triton, "quantize_batches_triton"), (scaled_mm_decoded, "scaled_mm_decoded"))
     saved = [getattr(module, name) for module, name in targets]
 
     def counted(name, fn):
@@ -136,7 +141,9 @@ def _count_calls(step) -> tuple[int, int]:
     finally:
         for (module, name), fn in zip(targets, saved):
             setattr(module, name, fn)
-    return counts.get("quantize_triton", 0), counts.get("scaled_mm_decoded", 0)
+    quantizes = sum(counts.get(name, 0) for name in ("quantize_triton", "quantize_row_groups_triton",
+                                                      "quantize_batches_triton"))
+    return quantizes, counts.get("scaled_mm_decoded", 0)
 
 
 if __name__ == "__main__":
