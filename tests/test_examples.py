@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,4 +77,12 @@ def test_quality_benchmark_moe_option(tmp_path):
 
 def test_host_overhead_benchmark_times_every_op():
     out = run("benchmarks/host_overhead.py", "--calls", "5")
-    assert len(re.findall(r"^  (quantize|scaled_mm) .* us$", out, re.M)) == 5
+    assert len(re.findall(r"^  (quantize|scaled_mm|grouped_mm) .* us$", out, re.M)) == 6
+
+
+@pytest.mark.slow
+def test_host_overhead_benchmark_times_whole_steps():
+    """--step: bf16, then each plan's step with its quantization and matmul counts (198 and 99 for 8 layers)."""
+    out = run("benchmarks/host_overhead.py", "--calls", "5", "--step")
+    rows = re.findall(r"^  (bf16|nvfp4|mxfp8) +[\d.]+ +[\d.]+ +(\d+) +(\d+)$", out, re.M)
+    assert rows == [("bf16", "0", "0"), ("nvfp4", "198", "99"), ("mxfp8", "198", "99")], out
