@@ -31,7 +31,7 @@ from autoprec.kernels.grouped import grouped_mm  # noqa: E402
 
 KERNELS = {quantize_triton: ("_nvfp4_kernel", "_mxfp8_kernel", "_amax_kernel"),
            quantize_grouped_triton: ("_nvfp4_grouped_kernel", "_mxfp8_grouped_kernel", "_group_amax_kernel",
-                                     "_nvfp4_batch_kernel", "_mxfp8_batch_kernel", "_batch_amax_kernel"),
+                                     "_nvfp4_batch_kernel", "_mxfp8_batch_kernel"),
            scaled_mm_decoded: ("_decode_kernel", "_epilogue_kernel"), scaled_mm_triton: ("scaled_mm_kernel",)}
 
 

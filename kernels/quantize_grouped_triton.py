@@ -26,9 +26,11 @@ from autoprec.kernels.quantize_triton import (
     H200_CHECKED,
     KEY_ARGS,
     MXFP8_GPU_CONFIGS,
+    _amax_kernel,
     _configs,
     _load_tile,
     _rht_operand,
+    int32_arg,
     mxfp8_encode_store,
     nvfp4_encode_store,
     tensor_scales,
@@ -119,12 +121,6 @@ def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
                        EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
-def _seed_arg(seed: int | None) -> int:
-    """An operand seed as the int32 kernel argument holding its low 32 bits (0 without SR)."""
-    low = 0 if seed is None else seed & M32
-    return low - (1 << 32) if low >= 1 << 31 else low
-
-
 def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
                                step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
                                rht_signs_: torch.Tensor | None = None
@@ -136,7 +132,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     n_rows, k = x.shape
     groups = offs.shape[0]
     ep = max(triton.next_power_of_2(groups), 2)
-    key = _seed_arg(seed)
+    key = 0 if seed is None else int32_arg(seed & M32)  # the operand seed's low 32 bits
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
@@ -157,22 +153,6 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
                                 EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
                                 FLOOR=scale_mode == "floor", **common)
     return codes.view(elem.torch_dtype), scales, None
-
-
-@triton.jit
-def _batch_amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr, BK: tl.constexpr,
-                       RHT: tl.constexpr):
-    """Batch item ``program_id(1)``'s max|x| over its finite values into ``amax_ptr[item]`` (zeroed first), its
-    tiles folded per program as ``quantize_triton._amax_kernel`` folds them."""
-    item = tl.program_id(1)
-    x_ptr += item.to(tl.int64) * s_b
-    n_k = tl.cdiv(K, BK)
-    amax = 0.0
-    for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
-        rows = (t // n_k) * BR + tl.arange(0, BR)
-        a = tl.abs(_load_tile(x_ptr, m_ptr, rows, (t % n_k) * BK, R, K, s_r, s_k, BR, BK, RHT))
-        amax = tl.maximum(amax, tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0))
-    tl.atomic_max(amax_ptr + item, amax.to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -226,7 +206,7 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     x[e] of a 3D (E, K, N) tensor quantized along K (its dim 0) on its own, laid out as ``quantize_triton`` lays
     out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s."""
     items, k, n = x.shape
-    key = _seed_arg(seed)
+    key = 0 if seed is None else int32_arg(seed & M32)  # the operand seed's low 32 bits
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n, meta["BR"]), cdiv(k, meta["BK"]), items)  # noqa: E731
     view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=1, r_k=n)  # SR: x[e]'s indices
@@ -234,8 +214,8 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     if fmt is NVFP4:
         amax = torch.zeros(items, device=x.device, dtype=torch.int32)
         tiles = cdiv(n, AMAX_R) * cdiv(k, BLOCK_K)
-        _batch_amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k, x.stride(2), x.stride(1),
-                                                               x.stride(0), BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        _amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k, x.stride(2), x.stride(1), x.stride(0),
+                                                         BR=AMAX_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(items, n, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty((items, n // 16, k // 16) if tile2d else (items, n, k // 16), device=x.device,
                              dtype=torch.uint8)

@@ -114,15 +114,19 @@ def _load_rand(rand_ptr, k1, k2, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, B
 
 
 @triton.jit
-def _amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
-    """max|x| over the finite values, into the int32 at ``amax_ptr`` (zeroed first) by ``atomic_max_bits``. Program
-    p folds tiles p, p + programs, ... (row-major over the tile grid) into one atomic: atomics on one address
-    serialize, so a launch makes at most ``AMAX_PROGRAMS`` of them, not one per tile."""
+def _amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr, BK: tl.constexpr,
+                 RHT: tl.constexpr):
+    """max|x| over the finite values, into the int32 at ``amax_ptr`` (zeroed first) by ``atomic_max_bits``; with a
+    second grid axis, of each batch item ``program_id(1)`` (``s_b`` elements apart) into ``amax_ptr[item]``.
+    Program p folds tiles p, p + programs, ... (row-major over the tile grid) into one atomic: atomics on one
+    address serialize, so a launch makes at most ``AMAX_PROGRAMS`` of them per item, not one per tile."""
+    item = tl.program_id(1)
+    x_ptr += item.to(tl.int64) * s_b
     n_k = tl.cdiv(K, BK)
     amax = 0.0
     for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
         amax = tl.maximum(amax, tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, t // n_k, t % n_k, BR, BK, RHT))
-    atomic_max_bits(amax_ptr, amax)
+    atomic_max_bits(amax_ptr + item, amax)
 
 
 @triton.jit
@@ -181,9 +185,10 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     """NVFP4 codes and block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from ``col0``),
     stored at ``codes_ptr`` and ``scales_ptr``, under the tensor scales of the amax bits at ``amax_ptr +
     amax_idx``: one tensor's or batch item's (a scalar ``amax_idx``; the ``first`` tile writes its decode scale
-    to ``ts_ptr``), or with GROUPED each row's group's (``amax_idx`` [BR, 1]). With SR, the bits are
-    ``_load_rand``'s for rows ``sr_rows``, made where they are used (made earlier, they stay live across the
-    scales and spill)."""
+    to ``ts_ptr``), or with GROUPED each row's group's (``amax_idx`` [BR, 1]). The decode scale is stored here,
+    right after it is computed: stored after the codes, it stays live across them and the wide tiles spill
+    (tests/ptx_report.py). With SR, the bits are ``_load_rand``'s for rows ``sr_rows``, made where they are
+    used (made earlier, they stay live across the scales and spill)."""
     NB: tl.constexpr = BK // 16
     # |y|'s bits order as |y| does, NaN and Inf above every finite value: one integer max gives the block amax,
     # or a non-finite one, which makes the whole block NaN (its finite amax is not needed then)
@@ -310,7 +315,12 @@ def kernel_keys(stream: int | StepStream | None) -> tuple[int, int]:
     if stream is None:
         return 0, 0
     keys = (stream.seed_key(), 0) if isinstance(stream, StepStream) else stream_keys(stream)
-    return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in keys)
+    return tuple(int32_arg(k) for k in keys)
+
+
+def int32_arg(bits: int) -> int:
+    """The int32 kernel argument holding the uint32 ``bits``."""
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
 
 
 _RHT_MATRICES: dict[tuple[tuple[float, ...], torch.device], torch.Tensor] = {}
@@ -365,7 +375,7 @@ def quantize_triton(
     if fmt is NVFP4:
         amax = torch.zeros((), device=x.device, dtype=torch.int32)  # fp32 bits; finite values only
         tiles = cdiv(n_rows, AMAX_R) * cdiv(k, BLOCK_K)
-        _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, n_rows, k, m.stride(0), m.stride(1), BR=AMAX_R,
+        _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, n_rows, k, m.stride(0), m.stride(1), 0, BR=AMAX_R,
                                                    BK=BLOCK_K, RHT=rht)
         codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
         scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)

@@ -102,7 +102,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
         out.append((f"quantize_mxfp8_hashed_{tag}", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES,
                     QUANT_BLOCKS | mx | tile | {"HASH": True}, opts))
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
-            "s_k": "i32"}
+            "s_k": "i32", "s_b": "i32"}
     out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS | {"BR": qt.AMAX_R}, {}))
     # the fprop case as a launch compiles it: rows of a row-major bf16 tensor (unit stride, a constant 1 in
     # Triton's specialization), aligned pointers, round-to-nearest
@@ -173,9 +173,6 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
         out.append((f"batch_quantize_nvfp4_{tag}", qg._nvfp4_batch_kernel.fn,
                     batch | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | strides, tile | {"TILE2D": True}, opts))
         out.append((f"batch_quantize_mxfp8_{tag}", qg._mxfp8_batch_kernel.fn, batch | strides, tile | mx, opts))
-    amax = {k: v for k, v in amax.items() if k not in ("offs_ptr", "E")} | {"s_b": "i32"}
-    out.append(("batch_quantize_amax", qg._batch_amax_kernel, amax, {"BR": qt.AMAX_R, "BK": qt.BLOCK_K,
-                                                                    "RHT": False}, {}))
     return out
 
 
