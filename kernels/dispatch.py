@@ -141,19 +141,18 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
     along dim 1 on its own, as a grouped GEMM's token operand is: NVFP4 with the group's own tensor scale, SR
     bits from the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch
     (two more for NVFP4's amaxes), ``offs`` and ``step`` read on the device; elsewhere one quantization per
-    group, None for an empty one."""
+    group; None for an empty group either way."""
     fmt = check_quantize_args(x, fmt, 1, rounding, False, scale_mode)
     if x.ndim != 2:
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
     if _use_triton(x.device, quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
 
-        if not isinstance(step, torch.Tensor):  # a fill on the device: no copy from the host, no wait
-            step = torch.full((), step, dtype=torch.int64, device=x.device)
         codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
-                                                       step=step, scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+                                                       step=_device_step(step, x.device), scale_mode=scale_mode,
+                                                       rht=rht, rht_signs_=rht_signs)
         return [QuantizedTensor(fmt, codes[s:e], scales[s:e], None if ts is None else ts[g], 1,
-                                torch.Size((e - s, x.shape[1]))) for g, (s, e) in enumerate(bounds)]
+                                torch.Size((e - s, x.shape[1]))) if e > s else None for g, (s, e) in enumerate(bounds)]
     step = int(step)
     return [quantize(x[s:e], fmt, 1, rounding=rounding, seed=sr_stream(group_seed(seed, g), step), tile2d=False,
                      scale_mode=scale_mode, rht=rht, rht_signs=rht_signs) if e > s else None
@@ -173,15 +172,20 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
     if _use_triton(x.device, quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
 
-        if not isinstance(step, torch.Tensor):
-            step = torch.full((), step, dtype=torch.int64, device=x.device)
-        codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None, step=step,
-                                                    tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+        codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None,
+                                                    step=_device_step(step, x.device), tile2d=tile2d,
+                                                    scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
         return [QuantizedTensor(fmt, codes[e], scales[e], None if ts is None else ts[e], 0, x.shape[1:],
                                 16 if tile2d else 1) for e in range(x.shape[0])]
     step = int(step)
     return [quantize(x[e], fmt, 0, rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
                      scale_mode=scale_mode, rht=rht, rht_signs=rht_signs) for e in range(x.shape[0])]
+
+
+def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor:
+    """The step as the int64 device scalar the grouped kernels read: a host int becomes a fill on the device (no
+    copy from the host, so no wait)."""
+    return step if isinstance(step, torch.Tensor) else torch.full((), step, dtype=torch.int64, device=device)
 
 
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:

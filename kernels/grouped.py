@@ -113,17 +113,17 @@ def grouped_mm(
             step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         experts = dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-    if not row_groups:
+    if row_groups:
+        quantized = [(g, slot, row_groups[g], experts[g]) for g, slot, _, _ in groups]
+    else:
         step = int(step)  # the per-group quantizations' SR streams, made on the host
-    quantized = []
-    for g, slot, ag, bg in groups:
-        if row_groups:
-            quantized.append((g, slot, row_groups[g], experts[g]))
-            continue
-        ag, bg = _pad_reduction(ag, bg, block)
-        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
-        qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
-        quantized.append((g, slot, qa, qb))
+        quantized = []
+        for g, slot, ag, bg in groups:
+            ag, bg = _pad_reduction(ag, bg, block)
+            qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
+            qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht,
+                           rht_signs)
+            quantized.append((g, slot, qa, qb))
     if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype, sizes):
         parts: list[list[Operand | None]] = [[None] * len(sizes), [None] * len(sizes)]
         for g, _, qa, qb in quantized:
