@@ -26,10 +26,11 @@ def tokens(rows: int = 76, k: int = 96) -> torch.Tensor:
     return x * torch.tensor([1000.0 ** (i % 3 - 1) for i in range(rows)])[:, None]
 
 
-def reference_groups(x, fmt, seed, rht):
-    """Each group quantized alone by the reference, with its own SR stream (None: round to nearest)."""
+def reference_groups(x, fmt, seed, rht=False, ends=ENDS):
+    """Each group (cumulative ``ends``) quantized alone by the reference, with its own SR stream (None: round to
+    nearest); None for an empty group."""
     out, start = [], 0
-    for g, end in enumerate(ENDS):
+    for g, end in enumerate(ends):
         part = x[start:end]
         if end > start:
             src = rht_ref(part, 1) if rht else part
@@ -39,6 +40,16 @@ def reference_groups(x, fmt, seed, rht):
             out.append(None)
         start = end
     return out
+
+
+def record_calls(monkeypatch, *names: str) -> list[str]:
+    """The names of ``dispatch``'s functions ``names`` as they are called, in order (they still run)."""
+    calls = []
+    for name in names:
+        original = getattr(dispatch, name)
+        monkeypatch.setattr(dispatch, name, lambda *args, _f=original, _n=name, **kwargs: calls.append(_n) or
+                            _f(*args, **kwargs))
+    return calls
 
 
 @pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
@@ -85,11 +96,7 @@ def test_grouped_experts_gemm_runs_the_grouped_quantizers(monkeypatch):
     offs = torch.tensor(ENDS, dtype=torch.int32)
     opts = dict(rounding_a="sr", rounding_b="rne", seeds=(3, 4), step=torch.tensor(STEP), out_dtype=torch.float32)
     expected = grouped_mm(a, w, offs, "nvfp4", **opts)
-    calls = []
-    for name in ("quantize_row_groups", "quantize_batches", "quantize"):
-        original = getattr(dispatch, name)
-        monkeypatch.setattr(dispatch, name, lambda *args, _f=original, _n=name, **kwargs: calls.append(_n) or
-                            _f(*args, **kwargs))
+    calls = record_calls(monkeypatch, "quantize_row_groups", "quantize_batches", "quantize")
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     got = grouped_mm(a, w, offs, "nvfp4", **opts)
     assert sorted(calls) == ["quantize_batches", "quantize_row_groups"]
@@ -105,10 +112,8 @@ def test_grouped_quantizer_with_many_uneven_groups():
     offs = torch.tensor(ends, dtype=torch.int32, device=DEVICE)
     codes, scales, ts = quantize_row_groups_triton(x.to(DEVICE), get_format("nvfp4"), offs, seed=11,
                                                    step=torch.tensor(STEP, device=DEVICE))
-    for g, (s, e) in enumerate(zip([0] + ends[:-1], ends)):
-        if e > s:
-            ref = quantize_ref(x[s:e], "nvfp4", 1, rounding="sr", rand=sr_bits((e - s, 32), sr_stream(group_seed(11, g),
-                                                                                                       STEP)))
+    for g, (s, e, ref) in enumerate(zip([0] + ends[:-1], ends, reference_groups(x, "nvfp4", 11, ends=ends))):
+        if ref is not None:
             assert bits_equal(codes[s:e].cpu(), ref.codes) and bits_equal(scales[s:e].cpu(), ref.scales), g
             assert bits_equal(ts[g].cpu(), ref.tensor_scale), g
 
@@ -149,11 +154,7 @@ def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fre
         return loss.detach(), [p.grad for p in model.parameters()]
 
     loss_cpu, grads_cpu = step("auto")
-    calls = []
-    for name in ("quantize_row_groups", "quantize_batches"):
-        original = getattr(dispatch, name)
-        monkeypatch.setattr(dispatch, name, lambda *args, _f=original, _n=name, **kwargs: calls.append(_n) or
-                            _f(*args, **kwargs))
+    calls = record_calls(monkeypatch, "quantize_row_groups", "quantize_batches")
     loss_triton, grads_triton = step("triton")
     assert calls.count("quantize_row_groups") == calls.count("quantize_batches") == 4  # fprop and dgrad, 2 GEMMs
     torch.testing.assert_close(loss_triton, loss_cpu)
