@@ -22,6 +22,8 @@ import torch  # noqa: E402
 import autoprec  # noqa: E402, F401  (registers torch.ops.autoprec)
 from autoprec.kernels import (  # noqa: E402
     dispatch,
+    grouped_dispatch,
+    grouped_mm_triton,
     quantize_grouped_triton,
     quantize_triton,
     scaled_mm_decoded,
@@ -31,8 +33,9 @@ from autoprec.kernels.grouped import grouped_mm  # noqa: E402
 
 KERNELS = {quantize_triton: ("_nvfp4_kernel", "_mxfp8_kernel", "_amax_kernel"),
            quantize_grouped_triton: ("_nvfp4_grouped_kernel", "_mxfp8_grouped_kernel", "_group_amax_kernel",
-                                     "_nvfp4_batch_kernel", "_mxfp8_batch_kernel"),
-           scaled_mm_decoded: ("_decode_kernel", "_epilogue_kernel"), scaled_mm_triton: ("scaled_mm_kernel",)}
+                                     "_nvfp4_batch_kernel", "_mxfp8_batch_kernel", "_amax_kernel"),
+           scaled_mm_decoded: ("_decode_kernel", "_epilogue_kernel"), scaled_mm_triton: ("scaled_mm_kernel",),
+           grouped_mm_triton: ("grouped_mm_kernel",)}
 
 
 class _NoLaunch:
@@ -61,6 +64,7 @@ def main() -> None:
         for name in names:
             setattr(module, name, _NoLaunch())
     dispatch.gemm_path = lambda capability, a, b: ("decoded", None)  # what an H100/H200 runs
+    grouped_dispatch.grouped_gemm_path = lambda *args: ("decoded_grouped", None)  # 2d x 3d; 2d x 2d: per group
     dispatch.quantize_dual = dispatch.quantize_copies  # as on a GPU: two single quantizations
     per_op(args.calls)
     if args.step:
@@ -122,10 +126,12 @@ def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
 
 
 def _count_calls(step) -> tuple[int, int]:
-    """(quantizations, block-scaled matmuls) in one ``step``: calls of the Triton quantizers and the decoded matmul."""
+    """(quantizations, block-scaled matmuls) in one ``step``: calls of the Triton quantizers and the decoded matmuls
+    (a grouped one counts once)."""
     counts = {}
     targets = ((quantize_triton, "quantize_triton"), (quantize_grouped_triton, "quantize_row_groups_triton"),
-               (quantize_grouped_triton, "quantize_batches_triton"), (scaled_mm_decoded, "scaled_mm_decoded"))
+               (quantize_grouped_triton, "quantize_batches_triton"), (scaled_mm_decoded, "scaled_mm_decoded"),
+               (grouped_mm_triton, "grouped_mm_decoded"))
     saved = [getattr(module, name) for module, name in targets]
 
     def counted(name, fn):
@@ -143,7 +149,7 @@ def _count_calls(step) -> tuple[int, int]:
             setattr(module, name, fn)
     quantizes = sum(counts.get(name, 0) for name in ("quantize_triton", "quantize_row_groups_triton",
                                                       "quantize_batches_triton"))
-    return quantizes, counts.get("scaled_mm_decoded", 0)
+    return quantizes, counts.get("scaled_mm_decoded", 0) + counts.get("grouped_mm_decoded", 0)
 
 
 if __name__ == "__main__":

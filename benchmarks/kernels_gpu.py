@@ -22,6 +22,7 @@ Without a CUDA GPU it exits with a message.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -173,11 +174,15 @@ def row(name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") 
 def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
     """An experts fprop (2d x 3d) and wgrad (2d x 2d), tokens split evenly, bf16 out, in autoprec's grouped op
     (quantization included) against torch's bf16 grouped GEMM; each row names the path (``native_grouped`` on
-    sm_100, else ``per_group``)."""
+    sm_100, ``decoded_grouped`` for 2d x 3d elsewhere, else ``per_group``), and fprop's ``per group`` rows force
+    one dense GEMM per group for comparison."""
+    from unittest import mock
+
     import torch.nn.functional as F
     import triton.testing
 
-    from autoprec.kernels.dispatch import device_capability, grouped_gemm_path, quantize
+    from autoprec.kernels import grouped_dispatch
+    from autoprec.kernels.dispatch import device_capability, quantize
     from autoprec.kernels.grouped import grouped_mm
     from autoprec.kernels.operand import as_operand
 
@@ -199,13 +204,19 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
             group_b = b[0] if layout == "2d3d" else b[:tokens // experts]
             ops = as_operand(quantize(a[:, :tokens // experts] if layout == "2d2d" else a[:32], fmt, 1), 1, "a"), \
                 as_operand(quantize(group_b, fmt, 0), 0, "b")
-            path, why = grouped_gemm_path(device_capability(a.device), layout, *ops, torch.bfloat16,
-                                          [tokens // experts] * experts)
-            try:
-                row(f"{fmt} + quantize", lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16),
-                    flops, ms_bf16, peak, f"  {path}" + (f" ({why})" if why else ""))
-            except Exception as e:  # a path that fails here should not hide the other rows
-                print(f"{fmt + ' + quantize':<28}  failed: {str(e).splitlines()[0][:80]}")
+            path, why = grouped_dispatch.grouped_gemm_path(device_capability(a.device), layout, *ops, torch.bfloat16,
+                                                           [tokens // experts] * experts)
+            run = lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16)  # noqa: E731
+            per_group = mock.patch.object(grouped_dispatch, "grouped_gemm_path", lambda *_: ("per_group", "forced"))
+            cases = [(f"{fmt} + quantize", contextlib.nullcontext(), path + (f" ({why})" if why else ""))]
+            if layout == "2d3d":
+                cases.append((f"{fmt} + quantize, per group", per_group, "per_group (forced)"))
+            for name, ctx, note in cases:
+                try:
+                    with ctx:
+                        row(name, run, flops, ms_bf16, peak, f"  {note}")
+                except Exception as e:  # a path that fails here should not hide the other rows
+                    print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
 def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
@@ -213,7 +224,8 @@ def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: i
     the device) against one quantization per group, in GB/s against HBM peak."""
     import triton.testing
 
-    from autoprec.kernels.dispatch import quantize, quantize_batches, quantize_row_groups
+    from autoprec.kernels.dispatch import quantize
+    from autoprec.kernels.grouped_dispatch import quantize_batches, quantize_row_groups
     from autoprec.kernels.random_bits import group_seed, sr_stream
 
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -225,8 +237,8 @@ def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: i
     for fmt in ("nvfp4", "mxfp8"):
         tile2d = fmt == "nvfp4"
         cases = [
-            (f"{fmt} tokens sr, grouped", x, lambda f=fmt: quantize_row_groups(x, f, offs, bounds, rounding="sr",
-                                                                                seed=1, step=step)),
+            (f"{fmt} tokens sr, grouped", x, lambda f=fmt: quantize_row_groups(x, f, offs, rounding="sr", seed=1,
+                                                                                step=step)),
             (f"{fmt} tokens sr, per group", x, lambda f=fmt: [
                 quantize(x[s:e], f, 1, rounding="sr", seed=sr_stream(group_seed(1, g), 1))
                 for g, (s, e) in enumerate(bounds)]),
@@ -235,7 +247,8 @@ def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: i
                                                              for e in range(experts)]),
         ]
         for name, src, fn in cases:
-            written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())  # grouped: slices of one buffer
+            out = fn()
+            written = sum(q.codes.nbytes + q.scales.nbytes for q in (out if isinstance(out, list) else [out]))
             ms = triton.testing.do_bench(fn)
             gbs = (src.nbytes + written) / ms / 1e6
             print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (hbm_tbs * 1e3):>7.0f}%")

@@ -28,8 +28,7 @@ from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
-from autoprec.kernels.random_bits import StepStream, group_seed, sr_bits, sr_stream
-from autoprec.kernels.scaled_grouped_mm_native import grouped_native_problem
+from autoprec.kernels.random_bits import StepStream, sr_bits
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -46,7 +45,9 @@ def triton_runtime_reason(device: torch.device) -> str | None:
     return f"Triton needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors; got device {device}"
 
 
-def _use_triton(device: torch.device, reason: str | None) -> bool:
+def use_triton(device: torch.device, reason: str | None) -> bool:
+    """Whether a Triton kernel runs here for an input it takes unless ``reason`` says why not (raises where
+    ``AUTOPREC_KERNELS=triton`` forces it and it cannot)."""
     mode = kernel_mode()
     if mode in ("ref", "ref_inductor"):
         return False
@@ -115,7 +116,7 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     # On an H200 the one-read kernel's columnwise copy of a gradient pair (SR on both copies, RHT on the
     # transposed one, bf16 input with edge blocks) differed from the reference while each copy quantized alone
     # was exact (tests/test_gpu_cuda.py), so a GPU runs the two single quantizers until that is understood.
-    if _use_triton(x.device, problem) and x.device.type != "cuda":
+    if use_triton(x.device, problem) and x.device.type != "cuda":
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 
         return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs)
@@ -132,60 +133,6 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
                         scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
 
     return one(rows, 1), one(cols, 0)
-
-
-def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, bounds: list[tuple[int, int]], *,
-                        rounding: str = "rne", seed: int = 0, step: torch.Tensor | int = 0, scale_mode: str = "rceil",
-                        rht: bool = False, rht_signs: torch.Tensor | None = None) -> list[QuantizedTensor | None]:
-    """Each row group ``x[s:e]`` of 2D ``x`` (``bounds``, the groups of the cumulative ends ``offs``) quantized
-    along dim 1 on its own, as a grouped GEMM's token operand is: NVFP4 with the group's own tensor scale, SR
-    bits from the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch
-    (two more for NVFP4's amaxes), ``offs`` and ``step`` read on the device; elsewhere one quantization per
-    group; None for an empty group either way."""
-    fmt = check_quantize_args(x, fmt, 1, rounding, False, scale_mode)
-    if x.ndim != 2:
-        raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
-    if _use_triton(x.device, quantize_supports(x)):
-        from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
-
-        codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
-                                                       step=_device_step(step, x.device), scale_mode=scale_mode,
-                                                       rht=rht, rht_signs_=rht_signs)
-        return [QuantizedTensor(fmt, codes[s:e], scales[s:e], None if ts is None else ts[g], 1,
-                                torch.Size((e - s, x.shape[1]))) if e > s else None for g, (s, e) in enumerate(bounds)]
-    step = int(step)
-    return [quantize(x[s:e], fmt, 1, rounding=rounding, seed=sr_stream(group_seed(seed, g), step), tile2d=False,
-                     scale_mode=scale_mode, rht=rht, rht_signs=rht_signs) if e > s else None
-            for g, (s, e) in enumerate(bounds)]
-
-
-def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", seed: int = 0,
-                     step: torch.Tensor | int = 0, tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
-                     rht_signs: torch.Tensor | None = None) -> list[QuantizedTensor]:
-    """Each item ``x[e]`` of a 3D (E, K, N) tensor (a grouped GEMM's expert weights) quantized along K on its own,
-    as ``quantize_row_groups`` quantizes token groups (the item's own tensor scale and SR stream
-    ``sr_stream(group_seed(seed, e), step)``): one Triton quantization of every item where Triton runs, else one
-    per item."""
-    if x.ndim != 3:
-        raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
-    fmt = check_quantize_args(x[0], fmt, 0, rounding, tile2d, scale_mode)
-    if _use_triton(x.device, quantize_supports(x)):
-        from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
-
-        codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None,
-                                                    step=_device_step(step, x.device), tile2d=tile2d,
-                                                    scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
-        return [QuantizedTensor(fmt, codes[e], scales[e], None if ts is None else ts[e], 0, x.shape[1:],
-                                16 if tile2d else 1) for e in range(x.shape[0])]
-    step = int(step)
-    return [quantize(x[e], fmt, 0, rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
-                     scale_mode=scale_mode, rht=rht, rht_signs=rht_signs) for e in range(x.shape[0])]
-
-
-def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor:
-    """The step as the int64 device scalar the grouped kernels read: a host int becomes a fill on the device (no
-    copy from the host, so no wait)."""
-    return step if isinstance(step, torch.Tensor) else torch.full((), step, dtype=torch.int64, device=device)
 
 
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
@@ -205,7 +152,7 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
         return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
     rand = rand if rounding == "sr" else None
-    if _use_triton(x.device, quantize_supports(x)):
+    if use_triton(x.device, quantize_supports(x)):
         from autoprec.kernels.quantize_triton import quantize_triton
 
         stream = seed if rounding == "sr" and rand is None else None  # SR bits hashed in the kernel
@@ -278,7 +225,7 @@ def scaled_mm(
     if bias is not None and bias.shape != (ob.rows,):
         raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
     device = oa.codes.device
-    if _use_triton(device, scaled_mm_supports(oa, ob, out_dtype)):
+    if use_triton(device, scaled_mm_supports(oa, ob, out_dtype)):
         path, _ = gemm_path(device_capability(device), oa, ob)
         if path == "native":
             return scaled_mm_native(oa, ob, bias, out_dtype)
@@ -327,22 +274,6 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
     return "tensor_core", why or ("the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton")
 
 
-def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
-                      out_dtype: torch.dtype, group_sizes: list[int]) -> tuple[str, str | None]:
-    """How a quantized grouped (experts) GEMM runs on a device of this compute capability (None: not a CUDA
-    GPU), given one group's operands (every group shares their formats and the dims not grouped) and the
-    token count of every group, and why not natively: ``native_grouped`` (one
-    ``torch.nn.functional.scaled_grouped_mm`` call for every expert, sm_100 and later,
-    ``scaled_grouped_mm_native``), else ``per_group`` (one ``scaled_mm`` per group, each on the path
-    ``gemm_path`` picks)."""
-    if capability is None or capability < NATIVE_CAPABILITY:
-        return "per_group", "not an sm_100 or later GPU" if capability is None else f"sm_{capability[0]}{capability[1]}"
-    if kernel_mode() != "auto":
-        return "per_group", f"AUTOPREC_KERNELS={kernel_mode()}"
-    why = torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype, group_sizes)
-    return ("per_group", why) if why else ("native_grouped", None)
-
-
 def torch_api_problem(name: str) -> str | None:
     """Why this torch lacks ``torch.nn.functional.<name>`` with its scaling enums (older releases), or None."""
     functional = torch.nn.functional
@@ -367,7 +298,7 @@ def _batched_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
     if len(_shape(b)) != 3 or _shape(a)[0] != _shape(b)[0]:
         raise ValueError(f"scaled_mm: batched shapes {_shape(a)} @ {_shape(b)} do not match")
     device = (a.codes if isinstance(a, QuantizedTensor) else a).device
-    if _use_triton(device, None):
+    if use_triton(device, None):
         items = [scaled_mm(_batch_item(a, i), _batch_item(b, i), bias, out_dtype) for i in range(_shape(a)[0])]
         return torch.stack(items)
     return _reference_scaled_mm(a, b, bias, out_dtype)

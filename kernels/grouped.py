@@ -14,19 +14,21 @@ stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks
 of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
 amax nor the product. Rows past the last offset are zero.
 
-A 2d x 3d product's token groups and expert weights are quantized together (``dispatch.quantize_row_groups``,
-``dispatch.quantize_batches``: one Triton quantization of every group on a GPU, the offsets read on the
-device). On sm_100 and later the quantized groups run as one native grouped GEMM (``scaled_grouped_mm_native``):
-2d x 3d, and 2d x 2d where every group is a multiple of 32 tokens (torchtitan pads token groups so); elsewhere
-each group is one ``dispatch.scaled_mm``. The group bounds are read on the host either way (the loop's slices;
-the 2d x 2d wgrad's per-group quantization).
+A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch``: its token groups and expert
+weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
+then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``, the bounds read on
+the host to lay out the scales), else by one Triton launch for every group that reads the offsets on the device
+(``grouped_mm_triton``). Other products quantize group by group with the bounds read on the host, and run as one
+native grouped GEMM (sm_100 and later, 2d x 2d where every group is a multiple of 32 tokens, as torchtitan pads
+them) or one ``dispatch.scaled_mm`` per group.
 """
 from __future__ import annotations
 
 import torch
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch
+from autoprec.kernels import dispatch, grouped_dispatch
+from autoprec.kernels.grouped_dispatch import group_bounds
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.random_bits import group_seed, sr_stream
@@ -41,15 +43,6 @@ def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
     if layout in ("2d3d", "2d2d") and has_offs or layout == "3d3d" and not has_offs:
         return layout
     return None
-
-
-def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
-    """(start, end) of each group from cumulative ends ``offs`` over a dim of size ``total``."""
-    ends = [int(e) for e in offs.tolist()]
-    starts = [0] + ends[:-1]
-    if any(e < s for s, e in zip(starts, ends)) or (ends and (ends[0] < 0 or ends[-1] > total)):
-        raise ValueError(f"grouped_mm: offsets {ends} must be non-decreasing and within 0..{total}")
-    return list(zip(starts, ends))
 
 
 def grouped_output_shape(a_shape, b_shape, offs_shape, layout: str) -> tuple:
@@ -87,43 +80,39 @@ def grouped_mm(
     scale_mode: str = "rceil",
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The grouped product of ``a`` and ``b`` (see the module doc for layouts), each group run as the
-    dense GEMM ``dispatch.scaled_mm`` in ``fmt`` (``exact``: ``torch.mm`` in the operands' dtype), or the
-    quantized groups in one native grouped GEMM where ``dispatch.grouped_gemm_path`` picks it (sm_100)."""
+    """The grouped product of ``a`` and ``b`` (see the module doc for layouts) in ``fmt``: each group the dense
+    GEMM ``dispatch.scaled_mm`` of its own quantized operands (``exact``: ``torch.mm`` in the operands' dtype), run
+    on the path the module doc describes."""
     layout = grouped_layout(a.ndim, b.ndim, offs is not None)
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
     out_dtype = out_dtype or a.dtype
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
+    blocked = fmt != EXACT and get_format(fmt).quantized
+    if blocked and layout == "2d3d" and a.numel() and b.numel() and a.shape[1] % get_format(fmt).block_size == 0:
+        qa = grouped_dispatch.quantize_row_groups(a, fmt, offs, rounding=rounding_a, seed=seeds[0], step=step,
+                                                  scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+        qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
+                                               scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+        return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype)
     every = _groups(a, b, offs, layout)
     sizes = [ag.shape[1 if layout == "2d2d" else 0] for _, _, ag, _ in every]  # tokens per group
     groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]
-    if fmt == EXACT or not get_format(fmt).quantized:
+    if not blocked:
         out = a.new_zeros(shape, dtype=out_dtype)
         for _, slot, ag, bg in groups:
             out[slot] = (torch.mm(ag, bg) if fmt == EXACT else
                          dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)).to(out_dtype)
         return out
     block = get_format(fmt).block_size
-    row_groups = experts = None  # 2d x 3d: the token groups quantized together, and the experts' weights
-    if layout == "2d3d" and a.shape[1] % block == 0 and groups:
-        row_groups = dispatch.quantize_row_groups(
-            a, fmt, offs, [(slot.start, slot.stop) for _, slot, _, _ in every], rounding=rounding_a, seed=seeds[0],
-            step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-        experts = dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
-                                            scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-    if row_groups:
-        quantized = [(g, slot, row_groups[g], experts[g]) for g, slot, _, _ in groups]
-    else:
-        step = int(step)  # the per-group quantizations' SR streams, made on the host
-        quantized = []
-        for g, slot, ag, bg in groups:
-            ag, bg = _pad_reduction(ag, bg, block)
-            qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
-            qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht,
-                           rht_signs)
-            quantized.append((g, slot, qa, qb))
+    step = int(step)  # the per-group quantizations' SR streams, made on the host
+    quantized = []
+    for g, slot, ag, bg in groups:
+        ag, bg = _pad_reduction(ag, bg, block)
+        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
+        qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
+        quantized.append((g, slot, qa, qb))
     if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype, sizes):
         parts: list[list[Operand | None]] = [[None] * len(sizes), [None] * len(sizes)]
         for g, _, qa, qb in quantized:
@@ -138,9 +127,10 @@ def grouped_mm(
 def _native_grouped(device: torch.device, layout: str, qa: QuantizedTensor, qb: QuantizedTensor,
                     out_dtype: torch.dtype, sizes: list[int]) -> bool:
     """Whether one native grouped GEMM runs the groups (of ``sizes`` tokens) of which ``qa`` and ``qb`` are one
-    (``dispatch.grouped_gemm_path``)."""
+    (``grouped_dispatch.grouped_gemm_path``)."""
     operands = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
-    path, _ = dispatch.grouped_gemm_path(dispatch.device_capability(device), layout, *operands, out_dtype, sizes)
+    path, _ = grouped_dispatch.grouped_gemm_path(dispatch.device_capability(device), layout, *operands, out_dtype,
+                                                 sizes)
     return path == "native_grouped"
 
 

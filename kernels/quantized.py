@@ -36,6 +36,31 @@ class QuantizedTensor:
         return total + (self.tensor_scale.nbytes if self.tensor_scale is not None else 0)
 
 
+@dataclass(frozen=True)
+class QuantizedGroups:
+    """A grouped GEMM operand whose groups are quantized each on its own, stored together: token groups (``shape``
+    (T, K), blocked along K, group g the rows between its cumulative ends; codes and scales laid out as the whole
+    tensor's ``QuantizedTensor``) or batch items (``shape`` (E, K, N), item e blocked along K; codes (E, N, ...),
+    scales (E, ...), each item laid out as its own ``QuantizedTensor``). ``tensor_scales``: one fp32 S_dec per
+    group (NVFP4), else None."""
+
+    fmt: Format
+    codes: torch.Tensor
+    scales: torch.Tensor
+    tensor_scales: torch.Tensor | None
+    shape: torch.Size
+    tile_rows: int = 1
+
+    def group(self, g: int, rows: slice | None = None) -> QuantizedTensor:
+        """Group ``g``'s quantization: rows ``rows`` of token groups, or batch item ``g``."""
+        ts = None if self.tensor_scales is None else self.tensor_scales[g]
+        if len(self.shape) == 2:
+            n = len(range(*rows.indices(self.shape[0])))
+            return QuantizedTensor(self.fmt, self.codes[rows], self.scales[rows], ts, 1,
+                                   torch.Size((n, self.shape[1])), self.tile_rows)
+        return QuantizedTensor(self.fmt, self.codes[g], self.scales[g], ts, 0, self.shape[1:], self.tile_rows)
+
+
 def normalize_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for a tensor with {ndim} dims")

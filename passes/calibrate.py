@@ -25,7 +25,8 @@ from rich.progress import Progress
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
-from autoprec.kernels.grouped import group_bounds, grouped_mm
+from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.grouped_dispatch import group_bounds
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.passes.candidates import Candidate, grouped_config, measured, operand_config
 from autoprec.passes.gemms import GemmKey

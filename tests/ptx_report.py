@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autoprec.formats import get_format
+from autoprec.kernels import grouped_mm_triton as gg
 from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_grouped_triton as qg
 from autoprec.kernels import quantize_triton as qt
@@ -117,7 +118,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 wide | mx, {LAUNCH_ALIGNED: True}))
-    return out + dual_kernels(mx) + grouped_kernels(mx)
+    return out + dual_kernels(mx) + grouped_kernels(mx) + grouped_gemms()
 
 
 def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
@@ -174,6 +175,31 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
                     batch | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | strides, tile | {"TILE2D": True}, opts))
         out.append((f"batch_quantize_mxfp8_{tag}", qg._mxfp8_batch_kernel.fn, batch | strides, tile | mx, opts))
     return out
+
+
+def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
+    """The experts' one-launch GEMM (64 groups, bf16 out): tiles decoded in registers (NVFP4 with 16x16 weight
+    tiles, MXFP8), pre-decoded bf16 tiles with NVFP4's per-group tensor scales, and the guarded fp32 recompute."""
+    sig = {k: v for k, v in POINTERS.items() if k not in ("bias_ptr", "M", "N", "K")} | {
+        "offs_ptr": "*i32", "out_ptr": "*i16", "T": "i32", "N": "i32", "K": "i32", "E": "i32", "b_step": "i32",
+        "bs_step": "i32"}
+    sig = {name: sig[name] for name in gg.grouped_mm_kernel.arg_names if name in sig}
+
+    def const(fmt: str, blocks: tuple[int, int, int], dot: int, tile_rows: int = 1, scaled: bool = False) -> dict:
+        meta = ({"KIND": 2, "EBITS": 0, "MBITS": 0, "BIAS": 0, "INF": False} if fmt == "bf16"
+                else operand_meta(fmt))  # kernel_args' meta of a bf16 operand
+        meta = {f"{side}_{k}": v for k, v in meta.items() for side in "AB"} | {"B_TILE_ROWS": tile_rows}
+        return meta | {"A_TS": scaled, "B_TS": scaled, "OUT_BF16": True, "EP": 64, "BM": blocks[0], "BN": blocks[1],
+                       "BK": blocks[2], "DOT": dot, "GUARDED": False}
+
+    return [("tensor_core_grouped_gemm_nvfp4", gg.grouped_mm_kernel, sig,
+             const("nvfp4", gg.TC_BLOCKS, fp32.DOT_BF16, 16, True), gg.TC_OPTIONS),
+            ("tensor_core_grouped_gemm_mxfp8", gg.grouped_mm_kernel, sig, const("mxfp8", gg.TC_BLOCKS, fp32.DOT_BF16),
+             gg.TC_OPTIONS),
+            ("tensor_core_grouped_gemm_bf16", gg.grouped_mm_kernel, sig | {"a_codes": "*bf16", "b_codes": "*bf16"},
+             const("bf16", gg.BF16_BLOCKS, fp32.DOT_BF16, scaled=True), gg.BF16_OPTIONS),
+            ("fp32_grouped_gemm_mxfp8", gg.grouped_mm_kernel, sig,
+             const("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True}, {})]
 
 
 def sass_instructions(cubin: bytes) -> int:

@@ -6,7 +6,7 @@ import torch
 
 import autoprec
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, quantize_ref
+from autoprec.kernels import dispatch, grouped_dispatch, quantize_ref
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.operand import as_operand
@@ -110,7 +110,7 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
 @pytest.mark.parametrize("fmt,rounding_a", [("nvfp4", "rne"), ("nvfp4", "sr"), ("mxfp8", "rne")])
 def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     """Experts' fprop / dgrad (2d x 3d) with an empty expert and a group across 128-row scale tiles: the native
-    grouped GEMM on sm_100 (the per-group loop elsewhere) against the reference's per-group loop."""
+    grouped GEMM on sm_100 (the one-launch decoded Triton kernel elsewhere) against the reference's per-group loop."""
     gen = torch.Generator().manual_seed(6)
     offs = torch.tensor([40, 40, 300, 333, 512], dtype=torch.int32)
     a, w = torch.randn(520, 256, generator=gen), torch.randn(5, 256, 192, generator=gen) * 0.02
@@ -118,8 +118,8 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     args = dict(rounding_a=rounding_a, seeds=(3, 4), step=1, out_dtype=torch.bfloat16)
     qa, qb = (as_operand(quantize_ref(x, fmt, axis), axis, name) for x, axis, name in ((a, 1, "a"), (w[0], 0, "b")))
     capability = torch.cuda.get_device_capability()
-    path, _ = dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16, [40, 0, 260, 33, 179])
-    assert path == ("native_grouped" if capability >= (10, 0) else "per_group")
+    path, _ = grouped_dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16, None)
+    assert path == ("native_grouped" if capability >= (10, 0) else "decoded_grouped")
     got = grouped_mm(a.cuda(), w.cuda(), offs.cuda(), fmt, **args).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = grouped_mm(a, w, offs, fmt, **args)

@@ -9,7 +9,7 @@ from helpers import bits_equal, edge_tensor
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, quantize_ref, rht_ref
+from autoprec.kernels import dispatch, grouped_dispatch, quantize_ref, rht_ref
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
@@ -42,12 +42,13 @@ def reference_groups(x, fmt, seed, rht=False, ends=ENDS):
     return out
 
 
-def record_calls(monkeypatch, *names: str) -> list[str]:
-    """The names of ``dispatch``'s functions ``names`` as they are called, in order (they still run)."""
+def record_calls(monkeypatch, *targets: tuple) -> list[str]:
+    """The names of the functions ``targets`` ((module, name) pairs) as they are called, in order (they still
+    run)."""
     calls = []
-    for name in names:
-        original = getattr(dispatch, name)
-        monkeypatch.setattr(dispatch, name, lambda *args, _f=original, _n=name, **kwargs: calls.append(_n) or
+    for module, name in targets:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, _f=original, _n=name, **kwargs: calls.append(_n) or
                             _f(*args, **kwargs))
     return calls
 
@@ -96,7 +97,8 @@ def test_grouped_experts_gemm_runs_the_grouped_quantizers(monkeypatch):
     offs = torch.tensor(ENDS, dtype=torch.int32)
     opts = dict(rounding_a="sr", rounding_b="rne", seeds=(3, 4), step=torch.tensor(STEP), out_dtype=torch.float32)
     expected = grouped_mm(a, w, offs, "nvfp4", **opts)
-    calls = record_calls(monkeypatch, "quantize_row_groups", "quantize_batches", "quantize")
+    calls = record_calls(monkeypatch, (grouped_dispatch, "quantize_row_groups"),
+                         (grouped_dispatch, "quantize_batches"), (dispatch, "quantize"))
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     got = grouped_mm(a, w, offs, "nvfp4", **opts)
     assert sorted(calls) == ["quantize_batches", "quantize_row_groups"]
@@ -154,7 +156,8 @@ def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fre
         return loss.detach(), [p.grad for p in model.parameters()]
 
     loss_cpu, grads_cpu = step("auto")
-    calls = record_calls(monkeypatch, "quantize_row_groups", "quantize_batches")
+    calls = record_calls(monkeypatch, (grouped_dispatch, "quantize_row_groups"),
+                         (grouped_dispatch, "quantize_batches"))
     loss_triton, grads_triton = step("triton")
     assert calls.count("quantize_row_groups") == calls.count("quantize_batches") == 4  # fprop and dgrad, 2 GEMMs
     torch.testing.assert_close(loss_triton, loss_cpu)

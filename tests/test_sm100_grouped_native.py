@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autoprec.kernels import dispatch
+from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.operand import as_operand
@@ -157,30 +157,35 @@ def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
     return a, b
 
 
-@pytest.mark.parametrize("capability,layout,ops,out_dtype,sizes,why", [
-    (None, "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 5], "not an sm_100 or later GPU"),
-    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 5], "sm_90"),
-    ((10, 0), "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 32], "layout 3d3d"),
-    ((10, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, [32, 0, 48], "token groups of 48"),
-    ((10, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float32, [32, 5], "writes bfloat16"),
-    ((10, 0), "2d3d", ("mxfp8", "mxfp8_e5m2"), torch.bfloat16, [32, 5], "E5M2"),
-    ((10, 0), "2d3d", ("nvfp4", "mxfp8"), torch.bfloat16, [32, 5], "nvfp4 times mxfp8"),
+@pytest.mark.parametrize("capability,layout,ops,out_dtype,sizes,path,why", [
+    (None, "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "triton_grouped", "the Triton interpreter"),
+    (None, "2d2d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 5], "per_group", "the Triton interpreter"),
+    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "decoded_grouped", "sm_90"),
+    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float16, None, "per_group", "sm_90"),
+    ((9, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, [32, 64], "per_group", "sm_90"),
+    ((10, 0), "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 32], "per_group", "layout 3d3d"),
+    ((10, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, [32, 0, 48], "per_group", "token groups of 48"),
+    ((10, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float32, None, "decoded_grouped", "writes bfloat16"),
+    ((10, 0), "2d3d", ("mxfp8", "mxfp8_e5m2"), torch.bfloat16, None, "decoded_grouped", "E5M2"),
+    ((10, 0), "2d3d", ("nvfp4", "mxfp8"), torch.bfloat16, None, "decoded_grouped", "nvfp4 times mxfp8"),
 ])
-def test_sm100_grouped_gemm_path_names_why_it_runs_per_group(capability, layout, ops, out_dtype, sizes, why):
-    path, reason = dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype, sizes)
-    assert path == "per_group" and why in reason
+def test_sm100_grouped_gemm_path_names_why_not_native(capability, layout, ops, out_dtype, sizes, path, why):
+    """Where the native grouped GEMM does not run: 2d x 3d in one Triton launch (bf16 or fp32 out), the rest per
+    group; the reason names what kept it from the native path."""
+    got, reason = grouped_dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype, sizes)
+    assert got == path and why in reason
 
 
 def test_sm100_grouped_gemm_path_picks_native_and_respects_forced_kernels(monkeypatch):
     bf16 = torch.bfloat16
-    assert dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), bf16, [32, 5]) == ("native_grouped", None)
-    assert dispatch.grouped_gemm_path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16, [64, 0, 32]) == \
-        ("native_grouped", None)
-    bad_k = dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(k=48), bf16, [32])
-    assert bad_k[0] == "per_group" and "K=48" in bad_k[1]
+    path = grouped_dispatch.grouped_gemm_path
+    assert path((10, 0), "2d3d", *operands(), bf16, None) == ("native_grouped", None)
+    assert path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16, [64, 0, 32]) == ("native_grouped", None)
+    bad_k = path((10, 0), "2d3d", *operands(k=48), bf16, None)
+    assert bad_k[0] == "decoded_grouped" and "K=48" in bad_k[1]
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    assert dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), bf16, [32]) == \
-        ("per_group", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d3d", *operands(), bf16, None) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d2d", *operands(), bf16, [32]) == ("per_group", "AUTOPREC_KERNELS=triton")
 
 
 def test_sm100_paths_need_torch_native_api(monkeypatch):
@@ -188,7 +193,7 @@ def test_sm100_paths_need_torch_native_api(monkeypatch):
     saying why."""
     monkeypatch.delattr(F, "scaled_grouped_mm")
     monkeypatch.delattr(F, "scaled_mm")
-    path, why = dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16, [32])
-    assert path == "per_group" and "no torch.nn.functional.scaled_grouped_mm" in why
+    path, why = grouped_dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16, None)
+    assert path == "decoded_grouped" and "no torch.nn.functional.scaled_grouped_mm" in why
     path, why = dispatch.gemm_path((10, 0), *operands())
     assert path == "decoded" and "no torch.nn.functional.scaled_mm" in why

@@ -44,6 +44,16 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
     assert len(gemms(ptx_report, 100)) == 2 and all(r["tcgen05"] for r in gemms(ptx_report, 100))
 
 
+def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
+    """The experts' one-launch GEMM: wgmma on sm_90 and tcgen05 on sm_100 for in-register NVFP4 and MXFP8 tiles and
+    for pre-decoded bf16 tiles (the fp32 recompute kernel has no tensor-core dot)."""
+    for cap, mma in ((90, "wgmma"), (100, "tcgen05")):
+        grouped = [r for r in ptx_report if r["cap"] == cap and "grouped_gemm" in r["kernel"]]
+        assert {r["kernel"]: r[mma] for r in grouped} == {
+            "tensor_core_grouped_gemm_nvfp4": True, "tensor_core_grouped_gemm_mxfp8": True,
+            "tensor_core_grouped_gemm_bf16": True, "fp32_grouped_gemm_mxfp8": False}
+
+
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
     quant = [r for r in ptx_report if r["kernel"].startswith(("quantize_nvfp4", "quantize_mxfp8"))]
     assert len(quant) == 8 + 4 * (len(QUANT_CONFIGS) - 1) + 8  # + the four launch-specialized row kernels

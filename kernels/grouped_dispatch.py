@@ -1,0 +1,164 @@
+"""Where a grouped (experts) GEMM's pieces run, as ``dispatch`` picks them for dense ones: the grouped quantizers
+(every token group, every expert weight) and the experts' 2d x 3d product of quantized groups.
+
+``grouped_gemm_path`` picks, where Triton runs: ``native_grouped`` (sm_100 and later, one
+``torch.nn.functional.scaled_grouped_mm``), else for 2d x 3d one Triton launch for every group with the offsets
+read on the device (``grouped_mm_triton``: ``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or
+with ``AUTOPREC_KERNELS=triton``), else ``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read
+on the host). Where Triton does not run (CPU), every group is quantized and multiplied on its own.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels import dispatch
+from autoprec.kernels.mode import kernel_mode
+from autoprec.kernels.operand import Operand, as_operand
+from autoprec.kernels.quantize_ref import check_quantize_args
+from autoprec.kernels.quantized import QuantizedGroups
+from autoprec.kernels.random_bits import group_seed, sr_stream
+from autoprec.kernels.scaled_grouped_mm_native import grouped_native_problem, scaled_grouped_mm_native
+from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
+
+ONE_LAUNCH_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
+    """(start, end) of each group from cumulative ends ``offs`` over a dim of size ``total`` (read on the host)."""
+    ends = [int(e) for e in offs.tolist()]
+    starts = [0] + ends[:-1]
+    if any(e < s for s, e in zip(starts, ends)) or (ends and (ends[0] < 0 or ends[-1] > total)):
+        raise ValueError(f"grouped_mm: offsets {ends} must be non-decreasing and within 0..{total}")
+    return list(zip(starts, ends))
+
+
+def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, *, rounding: str = "rne",
+                        seed: int = 0, step: torch.Tensor | int = 0, scale_mode: str = "rceil", rht: bool = False,
+                        rht_signs: torch.Tensor | None = None) -> QuantizedGroups:
+    """Each row group of 2D ``x`` (between the cumulative ends ``offs``) quantized along dim 1 on its own, as a
+    grouped GEMM's token operand is: NVFP4 with the group's own tensor scale (1 for an empty group), SR bits from
+    the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch (two more
+    for NVFP4's amaxes), ``offs`` and ``step`` read on the device (rows past the last offset left unwritten);
+    elsewhere one quantization per group (those rows zero)."""
+    fmt = check_quantize_args(x, fmt, 1, rounding, False, scale_mode)
+    if x.ndim != 2:
+        raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
+    if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
+        from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
+
+        codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
+                                                       step=_device_step(step, x.device), scale_mode=scale_mode,
+                                                       rht=rht, rht_signs_=rht_signs)
+        return QuantizedGroups(fmt, codes, scales, ts, x.shape)
+    bounds, step = group_bounds(offs, x.shape[0]), int(step)
+    n_rows, k = x.shape
+    codes = x.new_zeros(n_rows, k // 2 if fmt is NVFP4 else k, dtype=torch.uint8)
+    scales = x.new_zeros(n_rows, k // fmt.block_size, dtype=torch.uint8)
+    ts = x.new_ones(len(bounds), dtype=torch.float32) if fmt is NVFP4 else None
+    for g, (s, e) in enumerate(bounds):
+        if e > s:
+            q = dispatch.quantize(x[s:e], fmt, 1, rounding=rounding, seed=sr_stream(group_seed(seed, g), step),
+                                  scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+            codes[s:e], scales[s:e] = q.codes.view(torch.uint8), q.scales.view(torch.uint8)
+            if ts is not None:
+                ts[g] = q.tensor_scale
+    codes, scales = (codes, scales.view(torch.float8_e4m3fn)) if fmt is NVFP4 else (codes.view(fmt.elem.torch_dtype),
+                                                                                   scales)
+    return QuantizedGroups(fmt, codes, scales, ts, x.shape)
+
+
+def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", seed: int = 0,
+                     step: torch.Tensor | int = 0, tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
+                     rht_signs: torch.Tensor | None = None) -> QuantizedGroups:
+    """Each item ``x[e]`` of a 3D (E, K, N) tensor (a grouped GEMM's expert weights) quantized along K on its own,
+    as ``quantize_row_groups`` quantizes token groups (the item's own tensor scale and SR stream
+    ``sr_stream(group_seed(seed, e), step)``): one Triton quantization of every item where Triton runs, else one
+    per item."""
+    if x.ndim != 3:
+        raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
+    fmt = check_quantize_args(x[0], fmt, 0, rounding, tile2d, scale_mode)
+    tile_rows = 16 if tile2d else 1
+    if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
+        from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
+
+        codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None,
+                                                    step=_device_step(step, x.device), tile2d=tile2d,
+                                                    scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+        return QuantizedGroups(fmt, codes, scales, ts, x.shape, tile_rows)
+    step = int(step)
+    items = [dispatch.quantize(x[e], fmt, 0, rounding=rounding, seed=sr_stream(group_seed(seed, e), step),
+                               tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+             for e in range(x.shape[0])]
+    ts = None if fmt is not NVFP4 else torch.stack([q.tensor_scale for q in items])
+    return QuantizedGroups(fmt, torch.stack([q.codes for q in items]), torch.stack([q.scales for q in items]), ts,
+                           x.shape, tile_rows)
+
+
+def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor:
+    """The step as the int64 device scalar the grouped kernels read: a host int becomes a fill on the device (no
+    copy from the host, so no wait)."""
+    return step if isinstance(step, torch.Tensor) else torch.full((), step, dtype=torch.int64, device=device)
+
+
+def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
+                      out_dtype: torch.dtype, group_sizes: list[int] | None) -> tuple[str, str | None]:
+    """How a quantized grouped (experts) GEMM runs on a GPU of this compute capability (None: the Triton
+    interpreter), given one group's operands (every group shares their formats and the dims not grouped) and
+    the token count of every group (needed for 2d x 2d only), and why not natively: ``native_grouped``,
+    ``decoded_grouped``, ``triton_grouped`` or ``per_group`` (see the module doc)."""
+    one_launch = layout == "2d3d" and out_dtype in ONE_LAUNCH_DTYPES
+    mode = kernel_mode()
+    if capability is None or mode == "triton":
+        why = "the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton"
+        return ("triton_grouped" if one_launch else "per_group"), why
+    if mode != "auto":
+        return "per_group", f"AUTOPREC_KERNELS={mode}"
+    if capability < NATIVE_CAPABILITY:
+        why = f"sm_{capability[0]}{capability[1]}"
+    else:
+        why = (dispatch.torch_api_problem("scaled_grouped_mm")
+               or grouped_native_problem(layout, a, b, out_dtype, group_sizes or []))
+        if why is None:
+            return "native_grouped", None
+    return ("decoded_grouped" if one_launch else "per_group"), why
+
+
+def experts_operands(qa: QuantizedGroups, qb: QuantizedGroups) -> tuple[Operand, Operand]:
+    """The one-launch kernels' operands: the (T, K) token rows, and the E experts' (N, K) operands one after the
+    other (E·N rows); NVFP4's tensor scales one per group."""
+    (t, k), (experts, _, n) = qa.shape, qb.shape
+    a = Operand(qa.fmt, qa.codes, qa.scales, qa.tensor_scales, t, k)
+    b = Operand(qb.fmt, qb.codes.reshape(experts * n, -1), qb.scales.reshape(-1, qb.scales.shape[-1]),
+                qb.tensor_scales, experts * n, k, qb.tile_rows)
+    return a, b
+
+
+def experts_mm(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """The experts' product (2d x 3d): token rows ``qa`` (T, K) in groups ending at ``offs`` times expert weights
+    ``qb`` (E, K, N), group g's rows by expert g's weight -> (T, N), rows past the last offset zero; on the path
+    ``grouped_gemm_path`` picks."""
+    (t, _), (experts, _, n) = qa.shape, qb.shape
+    a_op, stacked = experts_operands(qa, qb)
+    b_op = as_operand(qb.group(0), 0, "b")
+    device = qa.codes.device
+    capability = dispatch.device_capability(device)
+    path = "per_group"
+    if capability is not None or dispatch.use_triton(device, dispatch.scaled_mm_supports(a_op, b_op, out_dtype)):
+        path, _ = grouped_gemm_path(capability, "2d3d", a_op, b_op, out_dtype, None)
+    if path in ("decoded_grouped", "triton_grouped"):
+        from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded, grouped_mm_tc_triton
+
+        run = grouped_mm_decoded if path == "decoded_grouped" else grouped_mm_tc_triton
+        return run(a_op, stacked, experts, offs.to(torch.int32), out_dtype)
+    bounds = group_bounds(offs, t)
+    groups = [(g, s, e) for g, (s, e) in enumerate(bounds) if e > s]
+    if path == "native_grouped":
+        parts: list[list[Operand | None]] = [[None] * experts, [None] * experts]
+        for g, s, e in groups:
+            parts[0][g], parts[1][g] = as_operand(qa.group(g, slice(s, e)), 1, "a"), as_operand(qb.group(g), 0, "b")
+        return scaled_grouped_mm_native("2d3d", *parts, offs, (t, n))
+    out = torch.zeros(t, n, device=device, dtype=out_dtype)
+    for g, s, e in groups:
+        out[s:e] = dispatch.scaled_mm(qa.group(g, slice(s, e)), qb.group(g), None, out_dtype)
+    return out

@@ -1,0 +1,156 @@
+"""Experts' block-scaled GEMM (2d x 3d: token groups times expert weights) in one Triton launch, the group offsets
+read on the device: C[rows of group g] = A[rows of g] · B_gᵀ, each group under its own NVFP4 tensor scales.
+
+A is the (T, K) token rows quantized group by group (``QuantizedGroups``), B every expert's (N, K) operand one
+after the other (E·N rows). A program takes a (BM, BN) output tile, finds the groups of its rows from the
+cumulative ends, and runs the tile's K loop once per group it meets (a tile across a group boundary runs twice),
+storing each group's rows; rows past the last offset are zeros. Tiles are decoded with ``scaled_mm_triton``'s
+``decode_tile`` and multiplied as its kernel multiplies them, so each group's product equals the dense
+``scaled_mm`` of that group up to fp32 accumulation order.
+
+Two ways to run it, as for the dense GEMM:
+- ``grouped_mm_tc_triton``: tiles decoded in registers, bf16 tensor-core dot (the interpreter's and
+  ``AUTOPREC_KERNELS=triton``'s path; the fp32 dot where MXFP8 scales leave bf16's exact range).
+- ``grouped_mm_decoded`` (sm_90 and GPUs the native grouped GEMM does not take): both operands decoded to bf16 in
+  memory first (``decode_bf16``), then the kernel reads bf16 tiles for a plain bf16 dot; a device flag set by
+  the decode (MXFP8 values bf16 does not hold) makes the fp32 kernel recompute the product in place.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.formats import BF16
+from autoprec.kernels.launch import cdiv
+from autoprec.kernels.operand import KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
+from autoprec.kernels.scaled_mm_decoded import decode_bf16
+from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
+from autoprec.kernels.scaled_mm_triton import (
+    DOT_BF16,
+    DOT_BF16_IN_FP32,
+    DOT_FP32,
+    accumulate,
+    decode_tile,
+    dot_operand,
+    store_tile,
+)
+
+TC_BLOCKS, TC_OPTIONS = (64, 128, 32), {"num_warps": 8, "num_stages": 3}  # in-register decode (BM=128 spills)
+BF16_BLOCKS, BF16_OPTIONS = (128, 128, 32), {"num_warps": 8, "num_stages": 3}  # pre-decoded bf16 (BK=64 spills)
+FP32_BLOCKS = (32, 32, 64)
+
+
+@triton.jit
+def operand_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr, KIND: tl.constexpr, EBITS: tl.constexpr,
+                 MBITS: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr,
+                 DOT: tl.constexpr):
+    """A [len(rows), BK] tile as the dot takes it: bf16 values loaded as they are for a tensor-core dot (no fp32
+    round trip, which costs registers beside the dot), else ``decode_tile``'s values."""
+    if KIND == 2 and DOT == 1:
+        mask = (rows < R)[:, None] & (k0 + tl.arange(0, BK) < K)[None, :]
+        return tl.load(codes_ptr + rows[:, None] * K + (k0 + tl.arange(0, BK))[None, :], mask=mask, other=0.0)
+    return dot_operand(decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK, KIND, EBITS, MBITS, BIAS, HAS_INF,
+                                   TILE_ROWS, DOT != 0 and KIND == 0), DOT)
+
+
+@triton.jit
+def grouped_mm_kernel(
+    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, offs_ptr, out_ptr, flag_ptr, T, N, K, E, b_step, bs_step,
+    A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
+    B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
+    B_TILE_ROWS: tl.constexpr, A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, EP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
+):
+    """Output tile (program ids) of the grouped product; expert g's B codes and scales start ``g·b_step`` and
+    ``g·bs_step`` elements in, its tensor scales (A_TS, B_TS) are ``a_ts[g]``, ``b_ts[g]``. GUARDED: as
+    ``scaled_mm_kernel``'s (run only where the int32 at ``flag_ptr`` is set)."""
+    run = 1
+    if GUARDED:
+        run = tl.load(flag_ptr)
+    if run != 0:
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        e = tl.arange(0, EP)
+        ends = tl.load(offs_ptr + e, mask=e < E, other=0x7FFFFFFF)
+        top = tl.program_id(0) * BM
+        first = tl.sum((ends <= top).to(tl.int32))  # the groups of the tile's first and last rows
+        last = tl.sum((ends <= tl.minimum(top + BM, T) - 1).to(tl.int32))
+        for g in range(first, last + 1):  # E: the rows past the last offset, written as zeros
+            start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+            end = tl.load(offs_ptr + g, mask=g < E, other=T)
+            acc = tl.zeros((BM, BN), tl.float32)
+            if g < E:
+                at = tl.cast(g, tl.int64)  # an expert's operand may start past 2**31 elements
+                bc, bs = b_codes + at * b_step, b_scales + at * bs_step
+                for k0 in range(0, K, BK):
+                    a = operand_tile(a_codes, a_scales, rm, k0, T, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1,
+                                     DOT)
+                    b = operand_tile(bc, bs, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS,
+                                     DOT)
+                    acc = accumulate(acc, a, b, DOT)
+                if A_TS:
+                    acc = acc * tl.load(a_ts + g)
+                if B_TS:
+                    acc = acc * tl.load(b_ts + g)
+            store_tile(acc, out_ptr, out_ptr, tl.where((rm >= start) & (rm < end), rm, T), rn, T, N, False, OUT_BF16)
+
+
+def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.Tensor | None, experts: int,
+                   offs: torch.Tensor, out: torch.Tensor, dot: int, blocks: tuple[int, int, int], *,
+                   flag: torch.Tensor | None = None, **options) -> torch.Tensor:
+    """Run the grouped kernel into ``out`` (T, N): ``a`` the (T, K) token rows, ``b`` the ``experts`` (N, K)
+    operands stacked (E·N rows), ``a_ts`` / ``b_ts`` one tensor scale per group (None: none to apply), ``offs``
+    the E cumulative ends (int32, on the device); ``flag``: as ``scaled_mm_triton.launch`` takes it."""
+    t, k, n = a.rows, a.k, b.rows // experts
+    a_ptrs, a_meta = kernel_args(a)
+    b_ptrs, b_meta = kernel_args(b)
+    bm, bn, bk = blocks
+    grid = (cdiv(t, bm), cdiv(n, bn))
+    grouped_mm_kernel[grid](
+        a_ptrs[0], a_ptrs[1], out if a_ts is None else a_ts, b_ptrs[0], b_ptrs[1], out if b_ts is None else b_ts,
+        offs, out.view(torch.int16) if out.dtype == torch.bfloat16 else out, out if flag is None else flag, t, n, k,
+        experts, b_ptrs[0].numel() // experts, b_ptrs[1].numel() // experts, *a_meta, *b_meta,
+        b.tile_rows if b.kind == KIND_NVFP4 else 1, A_TS=a_ts is not None, B_TS=b_ts is not None,
+        OUT_BF16=out.dtype == torch.bfloat16, EP=max(triton.next_power_of_2(experts), 2), BM=bm, BN=bn, BK=bk,
+        DOT=dot, GUARDED=flag is not None, **options,
+    )
+    return out
+
+
+def _tensor_scales(op: Operand) -> torch.Tensor | None:
+    return op.tensor_scale if op.kind == KIND_NVFP4 else None
+
+
+def _bf16_dot() -> int:
+    """The tensor-core dot, or in the interpreter (whose dot reads bf16 as integers) the same values in fp32."""
+    return DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
+
+
+def grouped_mm_tc_triton(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
+                         out_dtype: torch.dtype) -> torch.Tensor:
+    """(T, N) grouped product of quantized ``a`` and ``b`` (``launch_grouped``'s layout, NVFP4 tensor scales one
+    per group) with tiles decoded in registers: bf16 tensor-core dot, or the fp32 dot where MXFP8 scales leave
+    bf16's exact range (checked on the host, as ``gemm_path`` checks the dense operands)."""
+    out = torch.empty(a.rows, b.rows // experts, device=a.codes.device, dtype=out_dtype)
+    if exact_decode_problem(a) or exact_decode_problem(b):
+        return launch_grouped(a, b, _tensor_scales(a), _tensor_scales(b), experts, offs, out, DOT_FP32, FP32_BLOCKS)
+    return launch_grouped(a, b, _tensor_scales(a), _tensor_scales(b), experts, offs, out, _bf16_dot(), TC_BLOCKS,
+                          **TC_OPTIONS)
+
+
+def grouped_mm_decoded(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
+                       out_dtype: torch.dtype) -> torch.Tensor:
+    """``grouped_mm_tc_triton``'s product with both operands decoded to bf16 in memory first, then read as bf16
+    tiles; nothing is read on the host (MXFP8 values bf16 does not hold are found on the device, and the fp32
+    kernel recomputes the product in place)."""
+    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+    decoded = [Operand(BF16, decode_bf16(op, flag), None, None, op.rows, op.k) for op in (a, b)]
+    out = torch.empty(a.rows, b.rows // experts, device=a.codes.device, dtype=out_dtype)
+    scales = _tensor_scales(a), _tensor_scales(b)
+    launch_grouped(*decoded, *scales, experts, offs, out, _bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)
+    if flag is not None:
+        launch_grouped(a, b, *scales, experts, offs, out, DOT_FP32, FP32_BLOCKS, flag=flag)
+    return out

@@ -1,0 +1,125 @@
+"""The experts' one-launch grouped GEMM (2d x 3d, offsets read on the device; kernels/grouped_mm_triton.py) in the
+interpreter: each group's rows equal the dense reference GEMM of that group's own quantizations (fp32 accumulation
+order), rows past the last offset are zero, values bf16 does not hold go to the fp32 kernel, and the decoded
+(sm_90) path reads nothing on the host. Which path runs where: test_sm100_grouped_native.py."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_no_host_sync import HostReads
+
+from autoprec.formats import get_format
+from autoprec.kernels import dispatch, grouped_dispatch
+from autoprec.kernels.grouped_dispatch import experts_mm, experts_operands
+from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded
+from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
+from autoprec.kernels.quantized import QuantizedGroups
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# an empty first group, a group across the 64- and 128-row tiles, a one-row group, rows past the last offset
+ENDS = [0, 40, 40, 150, 151, 290]
+T, K, N = 300, 64, 48
+
+
+def inputs(token_scale: float = 1.0):
+    """(tokens, six expert weights of very different magnitudes, offsets, step) on the device."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(T, K, generator=gen) * token_scale
+    w = torch.randn(len(ENDS), K, N, generator=gen)
+    w[3] *= 1000.0
+    return x.to(DEVICE), w.to(DEVICE), torch.tensor(ENDS, dtype=torch.int32).to(DEVICE), torch.tensor(2).to(DEVICE)
+
+
+def quantized(fmt: str, x, w, offs, step, tile2d: bool = False):
+    """The token groups (SR) and the expert weights, quantized by the grouped quantizers."""
+    f = get_format(fmt)
+    qa = QuantizedGroups(f, *quantize_row_groups_triton(x, f, offs, seed=5, step=step), x.shape)
+    qb = QuantizedGroups(f, *quantize_batches_triton(w, f, seed=None, step=step, tile2d=tile2d), w.shape,
+                         16 if tile2d else 1)
+    return qa, qb
+
+
+def operands(fmt: str, tile2d: bool = False, token_scale: float = 1.0):
+    x, w, offs, step = inputs(token_scale)
+    return *quantized(fmt, x, w, offs, step, tile2d), offs
+
+
+def per_group_reference(qa, qb, monkeypatch) -> list[torch.Tensor]:
+    """Each non-empty group's fp32 product by the reference (its own quantizations, dequantized)."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    out = []
+    for g, (s, e) in enumerate(zip([0] + ENDS[:-1], ENDS)):
+        if e > s:
+            out.append(dispatch.scaled_mm(cpu(qa.group(g, slice(s, e))), cpu(qb.group(g)), None, torch.float32))
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    return out
+
+
+def cpu(q):
+    return type(q)(q.fmt, q.codes.cpu(), q.scales.cpu(), None if q.tensor_scale is None else q.tensor_scale.cpu(),
+                   q.axis, q.shape, q.tile_rows)
+
+
+def assert_groups_close(got: torch.Tensor, want: list[torch.Tensor], out_dtype: torch.dtype):
+    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
+    groups = [(s, e) for s, e in zip([0] + ENDS[:-1], ENDS) if e > s]
+    for (s, e), w in zip(groups, want):
+        torch.testing.assert_close(got[s:e].float(), w, rtol=tol, atol=tol * w.abs().max().item())
+    assert torch.equal(got[ENDS[-1]:], torch.zeros_like(got[ENDS[-1]:]))
+
+
+CASES = [("nvfp4", False), ("nvfp4", True), ("mxfp8", False), ("mxfp8_e5m2", False)]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["decoded_grouped", "triton_grouped"], ids=["sm90_decoded", "sm90_in_register"])
+@pytest.mark.parametrize("fmt,tile2d", CASES, ids=[f"{f}{'-16x16' if t else ''}" for f, t in CASES])
+def test_sm90_grouped_gemm_equals_each_groups_dense_gemm(monkeypatch, fmt, tile2d, path, out_dtype):
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    monkeypatch.setattr(grouped_dispatch, "grouped_gemm_path", lambda *args: (path, "forced by the test"))
+    qa, qb, offs = operands(fmt, tile2d)
+    got = experts_mm(qa, qb, offs, out_dtype).cpu()
+    assert got.dtype == out_dtype and got.shape == (T, N)
+    assert_groups_close(got, per_group_reference(qa, qb, monkeypatch), out_dtype)
+
+
+@pytest.mark.parametrize("path", ["decoded_grouped", "triton_grouped"], ids=["sm90_decoded", "sm90_in_register"])
+def test_sm90_grouped_gemm_recomputes_values_bf16_does_not_hold(monkeypatch, path):
+    """MXFP8 tokens near 2**-128 decode to values below bf16's normal range: the decoded path flags them on the
+    device and its fp32 kernel recomputes, the in-register path takes the fp32 dot; both equal the reference."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    monkeypatch.setattr(grouped_dispatch, "grouped_gemm_path", lambda *args: (path, "forced by the test"))
+    qa, qb, offs = operands("mxfp8", token_scale=2.0**-128)
+    got = experts_mm(qa, qb, offs, torch.float32).cpu()
+    want = per_group_reference(qa, qb, monkeypatch)
+    assert all(w.abs().max() > 0 for w in want)
+    assert_groups_close(got, want, torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_sm90_grouped_experts_gemm_reads_nothing_on_the_host(fmt):
+    """Token groups and expert weights quantized, then multiplied by the decoded one-launch GEMM: the offsets, the
+    step and the group sizes never leave the device (the per-group loop read them all)."""
+    x, w, offs, step = inputs()
+    a, b = experts_operands(*quantized(fmt, x, w, offs, step))
+    grouped_mm_decoded(a, b, len(ENDS), offs, torch.bfloat16)  # compiled outside the check
+    with HostReads() as rec:
+        a, b = experts_operands(*quantized(fmt, x, w, offs, step))
+        grouped_mm_decoded(a, b, len(ENDS), offs, torch.bfloat16)
+    assert rec.found == []
+
+
+def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatch):
+    """A quantized 2d x 3d grouped_mm under AUTOPREC_KERNELS=triton takes the one-launch kernel (no dense GEMM per
+    group) and matches auto mode's per-group CPU kernels."""
+    from autoprec.kernels.grouped import grouped_mm
+
+    gen = torch.Generator().manual_seed(4)
+    a, w = torch.randn(T, K, generator=gen), torch.randn(len(ENDS), K, N, generator=gen)
+    offs = torch.tensor(ENDS, dtype=torch.int32)
+    opts = dict(rounding_a="sr", seeds=(3, 4), step=torch.tensor(1), out_dtype=torch.float32)
+    expected = grouped_mm(a, w, offs, "nvfp4", **opts)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "scaled_mm", lambda *args: pytest.fail("a dense GEMM per group"))
+    torch.testing.assert_close(grouped_mm(a, w, offs, "nvfp4", **opts), expected, rtol=1e-5, atol=1e-4)
