@@ -25,6 +25,7 @@ from autoprec.kernels import (  # noqa: E402
     grouped_dispatch,
     grouped_mm_triton,
     quantize_grouped_triton,
+    quantize_k_groups_triton,
     quantize_triton,
     scaled_mm_decoded,
     scaled_mm_triton,
@@ -35,7 +36,8 @@ KERNELS = {quantize_triton: ("_nvfp4_kernel", "_mxfp8_kernel", "_amax_kernel"),
            quantize_grouped_triton: ("_nvfp4_grouped_kernel", "_mxfp8_grouped_kernel", "_group_amax_kernel",
                                      "_nvfp4_batch_kernel", "_mxfp8_batch_kernel", "_amax_kernel"),
            scaled_mm_decoded: ("_decode_kernel", "_epilogue_kernel"), scaled_mm_triton: ("scaled_mm_kernel",),
-           grouped_mm_triton: ("grouped_mm_kernel",)}
+           grouped_mm_triton: ("grouped_mm_kernel", "grouped_wgrad_kernel"),
+           quantize_k_groups_triton: ("_k_groups_amax_kernel", "_nvfp4_k_groups_kernel", "_mxfp8_k_groups_kernel")}
 
 
 class _NoLaunch:
@@ -131,7 +133,8 @@ def _count_calls(step) -> tuple[int, int]:
     counts = {}
     targets = ((quantize_triton, "quantize_triton"), (quantize_grouped_triton, "quantize_row_groups_triton"),
                (quantize_grouped_triton, "quantize_batches_triton"), (scaled_mm_decoded, "scaled_mm_decoded"),
-               (grouped_mm_triton, "grouped_mm_decoded"))
+               (quantize_k_groups_triton, "quantize_k_groups_triton"), (grouped_mm_triton, "grouped_mm_decoded"),
+               (grouped_mm_triton, "grouped_wgrad_decoded"))
     saved = [getattr(module, name) for module, name in targets]
 
     def counted(name, fn):
@@ -148,8 +151,9 @@ def _count_calls(step) -> tuple[int, int]:
         for (module, name), fn in zip(targets, saved):
             setattr(module, name, fn)
     quantizes = sum(counts.get(name, 0) for name in ("quantize_triton", "quantize_row_groups_triton",
-                                                      "quantize_batches_triton"))
-    return quantizes, counts.get("scaled_mm_decoded", 0) + counts.get("grouped_mm_decoded", 0)
+                                                      "quantize_batches_triton", "quantize_k_groups_triton"))
+    return quantizes, sum(counts.get(name, 0) for name in ("scaled_mm_decoded", "grouped_mm_decoded",
+                                                           "grouped_wgrad_decoded"))
 
 
 if __name__ == "__main__":

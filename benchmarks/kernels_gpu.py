@@ -174,8 +174,8 @@ def row(name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") 
 def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
     """An experts fprop (2d x 3d) and wgrad (2d x 2d), tokens split evenly, bf16 out, in autoprec's grouped op
     (quantization included) against torch's bf16 grouped GEMM; each row names the path (``native_grouped`` on
-    sm_100, ``decoded_grouped`` for 2d x 3d elsewhere, else ``per_group``), and fprop's ``per group`` rows force
-    one dense GEMM per group for comparison."""
+    sm_100, else ``decoded_grouped``: one Triton launch), and the ``per group`` rows force one quantization
+    (wgrad) and one dense GEMM per group for comparison."""
     from unittest import mock
 
     import torch.nn.functional as F
@@ -208,9 +208,8 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
                                                            [tokens // experts] * experts)
             run = lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16)  # noqa: E731
             per_group = mock.patch.object(grouped_dispatch, "grouped_gemm_path", lambda *_: ("per_group", "forced"))
-            cases = [(f"{fmt} + quantize", contextlib.nullcontext(), path + (f" ({why})" if why else ""))]
-            if layout == "2d3d":
-                cases.append((f"{fmt} + quantize, per group", per_group, "per_group (forced)"))
+            cases = [(f"{fmt} + quantize", contextlib.nullcontext(), path + (f" ({why})" if why else "")),
+                     (f"{fmt} + quantize, per group", per_group, "per_group (forced)")]
             for name, ctx, note in cases:
                 try:
                     with ctx:

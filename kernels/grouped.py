@@ -18,9 +18,11 @@ A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatc
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
 then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``, the bounds read on
 the host to lay out the scales), else by one Triton launch for every group that reads the offsets on the device
-(``grouped_mm_triton``). Other products quantize group by group with the bounds read on the host, and run as one
-native grouped GEMM (sm_100 and later, 2d x 2d where every group is a multiple of 32 tokens, as torchtitan pads
-them) or one ``dispatch.scaled_mm`` per group.
+(``grouped_mm_triton``). A 2d x 2d product (wgrad) where no native grouped GEMM could run it (sm_90, the
+interpreter) is one K-grouped quantization per operand (``quantize_k_groups_triton``: each group padded on the
+device) and one Triton launch, nothing read on the host either. Other products quantize group by group with the
+bounds read on the host, and run as one native grouped GEMM (sm_100 and later, 2d x 2d where every group is a
+multiple of 32 tokens, as torchtitan pads them) or one ``dispatch.scaled_mm`` per group.
 """
 from __future__ import annotations
 
@@ -96,6 +98,11 @@ def grouped_mm(
         qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype)
+    if blocked and layout == "2d2d" and not tile2d_b and a.numel() and b.numel() and (
+            path := grouped_dispatch.wgrad_path(a, b, out_dtype)):
+        return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), path, out_dtype, rounding_a=rounding_a,
+                                         rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,
+                                         rht_signs=rht_signs)
     every = _groups(a, b, offs, layout)
     sizes = [ag.shape[1 if layout == "2d2d" else 0] for _, _, ag, _ in every]  # tokens per group
     groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]

@@ -1,11 +1,13 @@
 """Where a grouped (experts) GEMM's pieces run, as ``dispatch`` picks them for dense ones: the grouped quantizers
-(every token group, every expert weight) and the experts' 2d x 3d product of quantized groups.
+(every token group, every expert weight, a wgrad's token groups along the reduction) and the grouped products of
+quantized groups.
 
-``grouped_gemm_path`` picks, where Triton runs: ``native_grouped`` (sm_100 and later, one
-``torch.nn.functional.scaled_grouped_mm``), else for 2d x 3d one Triton launch for every group with the offsets
-read on the device (``grouped_mm_triton``: ``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or
-with ``AUTOPREC_KERNELS=triton``), else ``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read
-on the host). Where Triton does not run (CPU), every group is quantized and multiplied on its own.
+``grouped_gemm_path`` picks: ``native_grouped`` (sm_100 and later, one ``torch.nn.functional.scaled_grouped_mm``),
+else one Triton launch for every group with the offsets read on the device (``grouped_mm_triton``:
+``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or with ``AUTOPREC_KERNELS=triton``) for
+2d x 3d, and for 2d x 2d where it is chosen before quantizing (``wgrad_path``: no native GEMM possible), else
+``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read on the host). Where Triton does not run
+(CPU), every group is quantized and multiplied on its own.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
     """Each row group of 2D ``x`` (between the cumulative ends ``offs``) quantized along dim 1 on its own, as a
     grouped GEMM's token operand is: NVFP4 with the group's own tensor scale (1 for an empty group), SR bits from
     the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch (two more
-    for NVFP4's amaxes), ``offs`` and ``step`` read on the device (rows past the last offset left unwritten);
-    elsewhere one quantization per group (those rows zero)."""
+    for NVFP4's amaxes), ``offs`` and ``step`` read on the device; elsewhere one quantization per group. Rows past
+    the last offset hold codes no product reads."""
     fmt = check_quantize_args(x, fmt, 1, rounding, False, scale_mode)
     if x.ndim != 2:
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
@@ -107,21 +109,56 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
     interpreter), given one group's operands (every group shares their formats and the dims not grouped) and
     the token count of every group (needed for 2d x 2d only), and why not natively: ``native_grouped``,
     ``decoded_grouped``, ``triton_grouped`` or ``per_group`` (see the module doc)."""
-    one_launch = layout == "2d3d" and out_dtype in ONE_LAUNCH_DTYPES
+    fits = layout in ("2d3d", "2d2d") and out_dtype in ONE_LAUNCH_DTYPES
     mode = kernel_mode()
     if capability is None or mode == "triton":
         why = "the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton"
-        return ("triton_grouped" if one_launch else "per_group"), why
+        return ("triton_grouped" if fits else "per_group"), why
     if mode != "auto":
         return "per_group", f"AUTOPREC_KERNELS={mode}"
     if capability < NATIVE_CAPABILITY:
-        why = f"sm_{capability[0]}{capability[1]}"
-    else:
-        why = (dispatch.torch_api_problem("scaled_grouped_mm")
-               or grouped_native_problem(layout, a, b, out_dtype, group_sizes or []))
-        if why is None:
-            return "native_grouped", None
-    return ("decoded_grouped" if one_launch else "per_group"), why
+        return ("decoded_grouped" if fits else "per_group"), f"sm_{capability[0]}{capability[1]}"
+    why = (dispatch.torch_api_problem("scaled_grouped_mm")
+           or grouped_native_problem(layout, a, b, out_dtype, group_sizes or []))
+    if why is None:
+        return "native_grouped", None
+    # a 2d x 2d product was quantized group by group to ask (its sizes): it runs per group
+    return ("decoded_grouped" if fits and layout == "2d3d" else "per_group"), why
+
+
+def wgrad_path(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> str | None:
+    """The one-launch path (``decoded_grouped``, ``triton_grouped``) of an experts wgrad ``a`` (M, T) x ``b`` (T, N),
+    chosen without its group sizes: where Triton runs and no native grouped GEMM could take it (not sm_100 or later
+    in auto mode); None elsewhere (the groups are then quantized one by one, and the sizes choose the path)."""
+    capability = dispatch.device_capability(a.device)
+    if capability is not None and capability >= NATIVE_CAPABILITY and kernel_mode() == "auto":
+        return None
+    why = (dispatch.quantize_supports(a) or dispatch.quantize_supports(b)
+           or (None if out_dtype in ONE_LAUNCH_DTYPES else f"out_dtype {out_dtype} (the kernel writes float32 or "
+                                                             "bfloat16)"))
+    if not dispatch.use_triton(a.device, why):
+        return None
+    path, _ = grouped_gemm_path(capability, "2d2d", None, None, out_dtype, None)
+    return None if path == "per_group" else path
+
+
+def wgrad_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, path: str, out_dtype: torch.dtype, *,
+             rounding_a: str, rounding_b: str, seeds: tuple[int, int], step: torch.Tensor | int, scale_mode: str,
+             rht: bool, rht_signs: torch.Tensor | None) -> torch.Tensor:
+    """The experts' wgrad (E, M, N) of ``a`` (M, T) and ``b`` (T, N), token groups ending at ``offs``, on the
+    one-launch ``path`` (``wgrad_path``): both operands quantized along the tokens by one K-grouped quantization
+    each (each group zero-padded to whole blocks, its own tensor scale and SR stream), then one grouped GEMM."""
+    from autoprec.kernels.grouped_mm_triton import grouped_wgrad_decoded, grouped_wgrad_tc_triton
+    from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
+
+    ops = []
+    for x, axis, rounding, seed in ((a, 1, rounding_a, seeds[0]), (b, 0, rounding_b, seeds[1])):
+        codes, scales, ts, ends = quantize_k_groups_triton(
+            x, fmt, axis, offs, seed=seed if rounding == "sr" else None, step=_device_step(step, x.device),
+            scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+        ops.append(Operand(fmt, codes, scales, ts, codes.shape[0], scales.shape[1] * fmt.block_size))
+    run = grouped_wgrad_decoded if path == "decoded_grouped" else grouped_wgrad_tc_triton
+    return run(*ops, ends, out_dtype)
 
 
 def experts_operands(qa: QuantizedGroups, qb: QuantizedGroups) -> tuple[Operand, Operand]:

@@ -18,6 +18,8 @@ Two ways to run it, as for the dense GEMM:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import triton
@@ -57,6 +59,16 @@ def operand_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr, KIND: 
 
 
 @triton.jit
+def group_tensor_scales(acc, a_ts, b_ts, g, A_TS: tl.constexpr, B_TS: tl.constexpr):
+    """Group g's NVFP4 decode scales (``a_ts[g]``, ``b_ts[g]`` where A_TS, B_TS), once on its fp32 accumulator."""
+    if A_TS:
+        acc = acc * tl.load(a_ts + g)
+    if B_TS:
+        acc = acc * tl.load(b_ts + g)
+    return acc
+
+
+@triton.jit
 def grouped_mm_kernel(
     a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, offs_ptr, out_ptr, flag_ptr, T, N, K, E, b_step, bs_step,
     A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
@@ -91,31 +103,87 @@ def grouped_mm_kernel(
                     b = operand_tile(bc, bs, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS,
                                      DOT)
                     acc = accumulate(acc, a, b, DOT)
-                if A_TS:
-                    acc = acc * tl.load(a_ts + g)
-                if B_TS:
-                    acc = acc * tl.load(b_ts + g)
+                acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
             store_tile(acc, out_ptr, out_ptr, tl.where((rm >= start) & (rm < end), rm, T), rn, T, N, False, OUT_BF16)
 
 
-def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.Tensor | None, experts: int,
-                   offs: torch.Tensor, out: torch.Tensor, dot: int, blocks: tuple[int, int, int], *,
+@triton.jit
+def grouped_wgrad_kernel(
+    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, ends_ptr, out_ptr, flag_ptr, M, N, KP,
+    A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
+    B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
+    A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
+):
+    """Output tile (program ids 0, 1) of group ``program_id(2)``'s (M, N) product, reduced over the group's padded
+    columns (``ends_ptr``: their cumulative ends; BK divides every group's width); GUARDED as in
+    ``grouped_mm_kernel``."""
+    run = 1
+    if GUARDED:
+        run = tl.load(flag_ptr)
+    if run != 0:
+        g = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), tl.load(ends_ptr + g), BK):
+            a = operand_tile(a_codes, a_scales, rm, k0, M, KP, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
+            b = operand_tile(b_codes, b_scales, rn, k0, N, KP, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, 1, DOT)
+            acc = accumulate(acc, a, b, DOT)
+        acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
+        store_tile(acc, out_ptr, out_ptr + tl.cast(g, tl.int64) * M * N, rm, rn, M, N, False, OUT_BF16)
+
+
+Launch = Callable[..., torch.Tensor]
+
+
+def _args(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.Tensor | None, out: torch.Tensor) -> list:
+    """The kernels' leading operand arguments (codes, scales, tensor scales of a then b; ``out`` where unused)."""
+    (a_codes, a_scales, _), _ = kernel_args(a)
+    (b_codes, b_scales, _), _ = kernel_args(b)
+    return [a_codes, a_scales, out if a_ts is None else a_ts, b_codes, b_scales, out if b_ts is None else b_ts]
+
+
+def _options(a: Operand, b: Operand, a_ts, b_ts, out: torch.Tensor, dot: int, blocks: tuple[int, int, int],
+             flag: torch.Tensor | None) -> dict:
+    """The kernels' shared constexprs and launch options."""
+    return dict(A_TS=a_ts is not None, B_TS=b_ts is not None, OUT_BF16=out.dtype == torch.bfloat16, BM=blocks[0],
+                BN=blocks[1], BK=blocks[2], DOT=dot, GUARDED=flag is not None)
+
+
+def _out(out: torch.Tensor) -> torch.Tensor:
+    return out.view(torch.int16) if out.dtype == torch.bfloat16 else out
+
+
+def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.Tensor | None, out: torch.Tensor,
+                   dot: int, blocks: tuple[int, int, int], *, experts: int, offs: torch.Tensor,
                    flag: torch.Tensor | None = None, **options) -> torch.Tensor:
-    """Run the grouped kernel into ``out`` (T, N): ``a`` the (T, K) token rows, ``b`` the ``experts`` (N, K)
+    """Run the 2d x 3d kernel into ``out`` (T, N): ``a`` the (T, K) token rows, ``b`` the ``experts`` (N, K)
     operands stacked (E·N rows), ``a_ts`` / ``b_ts`` one tensor scale per group (None: none to apply), ``offs``
     the E cumulative ends (int32, on the device); ``flag``: as ``scaled_mm_triton.launch`` takes it."""
     t, k, n = a.rows, a.k, b.rows // experts
-    a_ptrs, a_meta = kernel_args(a)
-    b_ptrs, b_meta = kernel_args(b)
-    bm, bn, bk = blocks
-    grid = (cdiv(t, bm), cdiv(n, bn))
+    (b_codes, b_scales, _), b_meta = kernel_args(b)
+    grid = (cdiv(t, blocks[0]), cdiv(n, blocks[1]))
     grouped_mm_kernel[grid](
-        a_ptrs[0], a_ptrs[1], out if a_ts is None else a_ts, b_ptrs[0], b_ptrs[1], out if b_ts is None else b_ts,
-        offs, out.view(torch.int16) if out.dtype == torch.bfloat16 else out, out if flag is None else flag, t, n, k,
-        experts, b_ptrs[0].numel() // experts, b_ptrs[1].numel() // experts, *a_meta, *b_meta,
-        b.tile_rows if b.kind == KIND_NVFP4 else 1, A_TS=a_ts is not None, B_TS=b_ts is not None,
-        OUT_BF16=out.dtype == torch.bfloat16, EP=max(triton.next_power_of_2(experts), 2), BM=bm, BN=bn, BK=bk,
-        DOT=dot, GUARDED=flag is not None, **options,
+        *_args(a, b, a_ts, b_ts, out), offs, _out(out), out if flag is None else flag, t, n, k, experts,
+        b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
+        b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=max(triton.next_power_of_2(experts), 2),
+        **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
+    )
+    return out
+
+
+def launch_wgrad(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.Tensor | None, out: torch.Tensor,
+                 dot: int, blocks: tuple[int, int, int], *, ends: torch.Tensor, flag: torch.Tensor | None = None,
+                 **options) -> torch.Tensor:
+    """Run the 2d x 2d kernel into ``out`` (E, M, N): ``a`` (M, KP) and ``b`` (N, KP) K-grouped
+    (``quantize_k_groups_triton``'s layout, ``ends`` its padded ends), tensor scales and ``flag`` as in
+    ``launch_grouped``."""
+    m, n = a.rows, b.rows
+    grid = (cdiv(m, blocks[0]), cdiv(n, blocks[1]), ends.shape[0])
+    grouped_wgrad_kernel[grid](
+        *_args(a, b, a_ts, b_ts, out), ends, _out(out), out if flag is None else flag, m, n, a.k,
+        *kernel_args(a)[1], *kernel_args(b)[1], **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
     )
     return out
 
@@ -129,28 +197,54 @@ def _bf16_dot() -> int:
     return DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
 
 
+def _in_registers(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
+    """The product with tiles decoded in registers: bf16 tensor-core dot, or the fp32 dot where MXFP8 scales leave
+    bf16's exact range (checked on the host, as ``gemm_path`` checks the dense operands)."""
+    scales = _tensor_scales(a), _tensor_scales(b)
+    if exact_decode_problem(a) or exact_decode_problem(b):
+        return launch(a, b, *scales, out, DOT_FP32, FP32_BLOCKS)
+    return launch(a, b, *scales, out, _bf16_dot(), TC_BLOCKS, **TC_OPTIONS)
+
+
+def _decoded(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
+    """The product with both operands decoded to bf16 in memory first, then read as bf16 tiles; nothing is read on
+    the host (MXFP8 values bf16 does not hold are found on the device, and the fp32 kernel recomputes the product
+    in place)."""
+    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+    decoded = [Operand(BF16, decode_bf16(op, flag), None, None, op.rows, op.k) for op in (a, b)]
+    scales = _tensor_scales(a), _tensor_scales(b)
+    launch(*decoded, *scales, out, _bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)
+    if flag is not None:
+        launch(a, b, *scales, out, DOT_FP32, FP32_BLOCKS, flag=flag)
+    return out
+
+
+def _experts_out(a: Operand, b: Operand, experts: int, out_dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(a.rows, b.rows // experts, device=a.codes.device, dtype=out_dtype)
+
+
 def grouped_mm_tc_triton(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
                          out_dtype: torch.dtype) -> torch.Tensor:
-    """(T, N) grouped product of quantized ``a`` and ``b`` (``launch_grouped``'s layout, NVFP4 tensor scales one
-    per group) with tiles decoded in registers: bf16 tensor-core dot, or the fp32 dot where MXFP8 scales leave
-    bf16's exact range (checked on the host, as ``gemm_path`` checks the dense operands)."""
-    out = torch.empty(a.rows, b.rows // experts, device=a.codes.device, dtype=out_dtype)
-    if exact_decode_problem(a) or exact_decode_problem(b):
-        return launch_grouped(a, b, _tensor_scales(a), _tensor_scales(b), experts, offs, out, DOT_FP32, FP32_BLOCKS)
-    return launch_grouped(a, b, _tensor_scales(a), _tensor_scales(b), experts, offs, out, _bf16_dot(), TC_BLOCKS,
-                          **TC_OPTIONS)
+    """(T, N) 2d x 3d product of quantized ``a`` and ``b`` (``launch_grouped``'s layout, NVFP4 tensor scales one per
+    group), tiles decoded in registers."""
+    return _in_registers(partial(launch_grouped, experts=experts, offs=offs), a, b,
+                         _experts_out(a, b, experts, out_dtype))
 
 
 def grouped_mm_decoded(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
                        out_dtype: torch.dtype) -> torch.Tensor:
-    """``grouped_mm_tc_triton``'s product with both operands decoded to bf16 in memory first, then read as bf16
-    tiles; nothing is read on the host (MXFP8 values bf16 does not hold are found on the device, and the fp32
-    kernel recomputes the product in place)."""
-    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
-    decoded = [Operand(BF16, decode_bf16(op, flag), None, None, op.rows, op.k) for op in (a, b)]
-    out = torch.empty(a.rows, b.rows // experts, device=a.codes.device, dtype=out_dtype)
-    scales = _tensor_scales(a), _tensor_scales(b)
-    launch_grouped(*decoded, *scales, experts, offs, out, _bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)
-    if flag is not None:
-        launch_grouped(a, b, *scales, experts, offs, out, DOT_FP32, FP32_BLOCKS, flag=flag)
-    return out
+    """``grouped_mm_tc_triton``'s product with the operands decoded to bf16 in memory first."""
+    return _decoded(partial(launch_grouped, experts=experts, offs=offs), a, b, _experts_out(a, b, experts, out_dtype))
+
+
+def grouped_wgrad_tc_triton(a: Operand, b: Operand, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """(E, M, N) 2d x 2d product of K-grouped ``a`` (M, KP) and ``b`` (N, KP) (``launch_wgrad``'s layout), tiles
+    decoded in registers."""
+    out = torch.empty(ends.shape[0], a.rows, b.rows, device=a.codes.device, dtype=out_dtype)
+    return _in_registers(partial(launch_wgrad, ends=ends), a, b, out)
+
+
+def grouped_wgrad_decoded(a: Operand, b: Operand, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``grouped_wgrad_tc_triton``'s product with the operands decoded to bf16 in memory first."""
+    out = torch.empty(ends.shape[0], a.rows, b.rows, device=a.codes.device, dtype=out_dtype)
+    return _decoded(partial(launch_wgrad, ends=ends), a, b, out)

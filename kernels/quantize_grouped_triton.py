@@ -3,7 +3,8 @@
 bits from the group's stream ``sr_stream(group_seed(seed, g), step)`` indexed within the group.
 
 - Token groups (``quantize_row_groups_triton``): x (T, K) with its rows in groups given by the cumulative ends
-  ``offs``, which the kernels read on the device; rows past the last offset are left unwritten.
+  ``offs``, which the kernels read on the device; rows past the last offset are quantized as one more group,
+  which no product reads.
 - Expert weights (``quantize_batches_triton``): each item of a 3D (E, K, N) tensor blocked along K, the grid's
   third axis, read in place through its strides.
 
@@ -99,8 +100,8 @@ def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
     rows = pid_r * BR + tl.arange(0, BR)
     g, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
     y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
-    nvfp4_encode_store(y, amax_ptr, g[:, None], ts_ptr, False, x_ptr, a, b, sr_rows, K, 1, codes_ptr, scales_ptr,
-                       rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, False, True)
+    nvfp4_encode_store(y, amax_ptr, g[:, None], ts_ptr, False, x_ptr, a, b, sr_rows, pid_k * BK, K, 1, codes_ptr,
+                       scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, False, True)
     if pid_r == 0 and pid_k == 0:
         e = tl.arange(0, EP)
         _, s_dec = tensor_scales(tl.load(amax_ptr + e, mask=e < E, other=0).to(tl.float32, bitcast=True))
@@ -117,8 +118,8 @@ def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     _, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
     y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, K, s_r, s_k, BR, BK, RHT)
-    mxfp8_encode_store(y, x_ptr, a, b, sr_rows, K, 1, codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K,
-                       EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+    mxfp8_encode_store(y, x_ptr, a, b, sr_rows, tl.program_id(1) * BK, K, 1, codes_ptr, scales_ptr, rows,
+                       tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
 def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
@@ -179,8 +180,8 @@ def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
     y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
-    nvfp4_encode_store(y, amax_ptr, item, ts_ptr + item, pid_r == 0 and pid_k == 0, x_ptr, a, b, rows, r_r, r_k,
-                       codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
+    nvfp4_encode_store(y, amax_ptr, item, ts_ptr + item, pid_r == 0 and pid_k == 0, x_ptr, a, b, rows, pid_k * BK,
+                       r_r, r_k, codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
 
 
 @triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
@@ -194,8 +195,8 @@ def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K,
                                                         SR)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, K, s_r, s_k, BR, BK, RHT)
-    mxfp8_encode_store(y, x_ptr, a, b, rows, r_r, r_k, codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K,
-                       EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+    mxfp8_encode_store(y, x_ptr, a, b, rows, tl.program_id(1) * BK, r_r, r_k, codes_ptr, scales_ptr, rows,
+                       tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
 def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, step: torch.Tensor,

@@ -174,12 +174,12 @@ def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, 
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
-    nvfp4_encode_store(y, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, k1, k2, rows, r_r, r_k,
+    nvfp4_encode_store(y, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, k1, k2, rows, col0, r_r, r_k,
                        codes_ptr, scales_ptr, rows, col0, R, K, pid_r, BR, BK, SR, HASH, TILE2D, False)
 
 
 @triton.jit
-def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, sr_rows, r_r, r_k, codes_ptr,
+def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_ptr,
                        scales_ptr, rows, col0, R, K, pid_r, BR: tl.constexpr, BK: tl.constexpr, SR: tl.constexpr,
                        HASH: tl.constexpr, TILE2D: tl.constexpr, GROUPED: tl.constexpr):
     """NVFP4 codes and block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from ``col0``),
@@ -188,7 +188,7 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     to ``ts_ptr``), or with GROUPED each row's group's (``amax_idx`` [BR, 1]). The decode scale is stored here,
     right after it is computed: stored after the codes, it stays live across them and the wide tiles spill
     (tests/ptx_report.py). With SR, the bits are ``_load_rand``'s for rows ``sr_rows``, made where they are
-    used (made earlier, they stay live across the scales and spill)."""
+    used (made earlier, they stay live across the scales and spill), indexed from column ``sr_col0``."""
     NB: tl.constexpr = BK // 16
     # |y|'s bits order as |y| does, NaN and Inf above every finite value: one integer max gives the block amax,
     # or a non-finite one, which makes the whole block NaN (its finite amax is not needed then)
@@ -220,7 +220,7 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
 
     rand = 0
     if SR:
-        rand = _load_rand(rand_ptr, k1, k2, sr_rows, col0, R, K, r_r, r_k, BR, BK, HASH)
+        rand = _load_rand(rand_ptr, k1, k2, sr_rows, sr_col0, R, K, r_r, r_k, BR, BK, HASH)
     codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
     lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
     packed = (lo | (hi << 4)).to(tl.uint8)
@@ -249,12 +249,12 @@ def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r,
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
-    mxfp8_encode_store(y, rand_ptr, k1, k2, rows, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K, EBITS, MBITS,
+    mxfp8_encode_store(y, rand_ptr, k1, k2, rows, col0, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K, EBITS, MBITS,
                        BIAS, EMAX, MAX, FLOOR, BR, BK, SR, HASH)
 
 
 @triton.jit
-def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K,
+def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                        MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, SR: tl.constexpr,
                        HASH: tl.constexpr):
@@ -281,7 +281,7 @@ def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, r_r, r_k, codes_ptr, scales
 
     rand = 0
     if SR:
-        rand = tl.reshape(_load_rand(rand_ptr, k1, k2, sr_rows, col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
+        rand = tl.reshape(_load_rand(rand_ptr, k1, k2, sr_rows, sr_col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
     codes = round_and_encode(y * pow2(-e)[:, :, None], rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F)  # NaN: torch's
     codes = tl.reshape(codes.to(tl.uint8), (BR, BK))
     cols = col0 + tl.arange(0, BK)

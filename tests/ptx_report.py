@@ -20,6 +20,7 @@ from autoprec.formats import get_format
 from autoprec.kernels import grouped_mm_triton as gg
 from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_grouped_triton as qg
+from autoprec.kernels import quantize_k_groups_triton as kg
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
@@ -118,7 +119,7 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 wide | mx, {LAUNCH_ALIGNED: True}))
-    return out + dual_kernels(mx) + grouped_kernels(mx) + grouped_gemms()
+    return out + dual_kernels(mx) + grouped_kernels(mx) + k_group_kernels(mx) + grouped_gemms()
 
 
 def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
@@ -177,9 +178,30 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     return out
 
 
+def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+    """The wgrad operands' K-grouped quantizers (bf16, SR, RHT, 64 groups) at their autotuned tiles, and their amax."""
+    head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "step_ptr": "*i64",
+            "k1": "i32", "codes_ptr": "*u8", "scales_ptr": "*u8"}
+    sizes = {"R": "i32", "KP": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32", "E": "i32"}
+    out = []
+    for cfg in kg.NVFP4_CONFIGS:
+        tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": 64, "RHT": True, "SR": True, "GROUP_ROWS": True}
+        tag, opts = f"br{tile['BR']}_bk{tile['BK']}", {"num_warps": cfg.num_warps}
+        out.append((f"k_groups_quantize_nvfp4_{tag}", kg._nvfp4_k_groups_kernel.fn,
+                    head | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | sizes, tile, opts))
+        if cfg in kg.MXFP8_CONFIGS:
+            out.append((f"k_groups_quantize_mxfp8_{tag}", kg._mxfp8_k_groups_kernel.fn, head | sizes, tile | mx, opts))
+    amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "amax_ptr": "*i32",
+            "R": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
+    out.append(("k_groups_quantize_amax", kg._k_groups_amax_kernel, amax,
+                {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {}))
+    return out
+
+
 def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
-    """The experts' one-launch GEMM (64 groups, bf16 out): tiles decoded in registers (NVFP4 with 16x16 weight
-    tiles, MXFP8), pre-decoded bf16 tiles with NVFP4's per-group tensor scales, and the guarded fp32 recompute."""
+    """The experts' one-launch GEMMs, 2d x 3d (64 groups) and the wgrad's 2d x 2d, bf16 out: tiles decoded in
+    registers (NVFP4, with 16x16 weight tiles for 2d x 3d; MXFP8), pre-decoded bf16 tiles with NVFP4's per-group
+    tensor scales, and the guarded fp32 recompute."""
     sig = {k: v for k, v in POINTERS.items() if k not in ("bias_ptr", "M", "N", "K")} | {
         "offs_ptr": "*i32", "out_ptr": "*i16", "T": "i32", "N": "i32", "K": "i32", "E": "i32", "b_step": "i32",
         "bs_step": "i32"}
@@ -192,14 +214,26 @@ def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
         return meta | {"A_TS": scaled, "B_TS": scaled, "OUT_BF16": True, "EP": 64, "BM": blocks[0], "BN": blocks[1],
                        "BK": blocks[2], "DOT": dot, "GUARDED": False}
 
-    return [("tensor_core_grouped_gemm_nvfp4", gg.grouped_mm_kernel, sig,
-             const("nvfp4", gg.TC_BLOCKS, fp32.DOT_BF16, 16, True), gg.TC_OPTIONS),
-            ("tensor_core_grouped_gemm_mxfp8", gg.grouped_mm_kernel, sig, const("mxfp8", gg.TC_BLOCKS, fp32.DOT_BF16),
-             gg.TC_OPTIONS),
-            ("tensor_core_grouped_gemm_bf16", gg.grouped_mm_kernel, sig | {"a_codes": "*bf16", "b_codes": "*bf16"},
-             const("bf16", gg.BF16_BLOCKS, fp32.DOT_BF16, scaled=True), gg.BF16_OPTIONS),
-            ("fp32_grouped_gemm_mxfp8", gg.grouped_mm_kernel, sig,
-             const("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True}, {})]
+    wgrad_sig = {k: v for k, v in sig.items() if k not in ("offs_ptr", "T", "E", "b_step", "bs_step")} | {
+        "ends_ptr": "*i32", "M": "i32", "KP": "i32"}
+    wgrad_sig = {name: wgrad_sig[name] for name in gg.grouped_wgrad_kernel.arg_names if name in wgrad_sig}
+    out = []
+    for name, kernel, signature, drop in (("gemm", gg.grouped_mm_kernel, sig, ()),
+                                          ("wgrad", gg.grouped_wgrad_kernel, wgrad_sig, ("B_TILE_ROWS", "EP"))):
+        def spec(fmt, blocks, dot, **kw):
+            return {k: v for k, v in const(fmt, blocks, dot, **kw).items() if k not in drop}
+
+        bf16 = signature | {"a_codes": "*bf16", "b_codes": "*bf16"}
+        out += [(f"tensor_core_grouped_{name}_nvfp4", kernel, signature,
+                 spec("nvfp4", gg.TC_BLOCKS, fp32.DOT_BF16, tile_rows=16 if name == "gemm" else 1, scaled=True),
+                 gg.TC_OPTIONS),
+                (f"tensor_core_grouped_{name}_mxfp8", kernel, signature, spec("mxfp8", gg.TC_BLOCKS, fp32.DOT_BF16),
+                 gg.TC_OPTIONS),
+                (f"tensor_core_grouped_{name}_bf16", kernel, bf16, spec("bf16", gg.BF16_BLOCKS, fp32.DOT_BF16,
+                                                                        scaled=True), gg.BF16_OPTIONS),
+                (f"fp32_grouped_{name}_mxfp8", kernel, signature,
+                 spec("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True}, {})]
+    return out
 
 
 def sass_instructions(cubin: bytes) -> int:

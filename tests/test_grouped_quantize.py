@@ -141,7 +141,8 @@ def test_batched_expert_quantizer_equals_each_expert_alone(fmt, seed, tile2d, la
 
 def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fresh_dynamo):
     """A compiled MoE block (nvfp4_nvidia: SR gradients, 16x16 expert tiles) under AUTOPREC_KERNELS=triton takes its
-    step tensor into the grouped quantizers, and its loss and gradients match auto mode's (the CPU kernels)."""
+    step tensor into the grouped quantizers and runs its wgrads in one launch each, and its loss and gradients match
+    auto mode's (the CPU kernels, group by group)."""
     from test_moe import MoEBlock
 
     def step(mode: str):
@@ -157,9 +158,10 @@ def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fre
 
     loss_cpu, grads_cpu = step("auto")
     calls = record_calls(monkeypatch, (grouped_dispatch, "quantize_row_groups"),
-                         (grouped_dispatch, "quantize_batches"))
+                         (grouped_dispatch, "quantize_batches"), (grouped_dispatch, "wgrad_mm"))
     loss_triton, grads_triton = step("triton")
     assert calls.count("quantize_row_groups") == calls.count("quantize_batches") == 4  # fprop and dgrad, 2 GEMMs
+    assert calls.count("wgrad_mm") == 2  # each experts GEMM's wgrad in one launch
     torch.testing.assert_close(loss_triton, loss_cpu)
     for got, want in zip(grads_triton, grads_cpu):
         torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * want.abs().max().item())

@@ -159,10 +159,11 @@ def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
 
 @pytest.mark.parametrize("capability,layout,ops,out_dtype,sizes,path,why", [
     (None, "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "triton_grouped", "the Triton interpreter"),
-    (None, "2d2d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 5], "per_group", "the Triton interpreter"),
+    (None, "2d2d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "triton_grouped", "the Triton interpreter"),
+    (None, "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "per_group", "the Triton interpreter"),
     ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "decoded_grouped", "sm_90"),
     ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float16, None, "per_group", "sm_90"),
-    ((9, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, [32, 64], "per_group", "sm_90"),
+    ((9, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, None, "decoded_grouped", "sm_90"),
     ((10, 0), "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 32], "per_group", "layout 3d3d"),
     ((10, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, [32, 0, 48], "per_group", "token groups of 48"),
     ((10, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float32, None, "decoded_grouped", "writes bfloat16"),
@@ -170,8 +171,9 @@ def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
     ((10, 0), "2d3d", ("nvfp4", "mxfp8"), torch.bfloat16, None, "decoded_grouped", "nvfp4 times mxfp8"),
 ])
 def test_sm100_grouped_gemm_path_names_why_not_native(capability, layout, ops, out_dtype, sizes, path, why):
-    """Where the native grouped GEMM does not run: 2d x 3d in one Triton launch (bf16 or fp32 out), the rest per
-    group; the reason names what kept it from the native path."""
+    """Where the native grouped GEMM does not run: one Triton launch (bf16 or fp32 out) for 2d x 3d, and for 2d x 2d
+    where no native path was possible (its groups are then never quantized one by one), the rest per group; the
+    reason names what kept it from the native path."""
     got, reason = grouped_dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype, sizes)
     assert got == path and why in reason
 
@@ -185,7 +187,7 @@ def test_sm100_grouped_gemm_path_picks_native_and_respects_forced_kernels(monkey
     assert bad_k[0] == "decoded_grouped" and "K=48" in bad_k[1]
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     assert path((10, 0), "2d3d", *operands(), bf16, None) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
-    assert path((10, 0), "2d2d", *operands(), bf16, [32]) == ("per_group", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d2d", *operands(), bf16, [32]) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
 
 
 def test_sm100_paths_need_torch_native_api(monkeypatch):

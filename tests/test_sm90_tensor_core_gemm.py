@@ -45,13 +45,14 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
 
 
 def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
-    """The experts' one-launch GEMM: wgmma on sm_90 and tcgen05 on sm_100 for in-register NVFP4 and MXFP8 tiles and
-    for pre-decoded bf16 tiles (the fp32 recompute kernel has no tensor-core dot)."""
+    """The experts' one-launch GEMMs (2d x 3d, and the wgrad's 2d x 2d): wgmma on sm_90 and tcgen05 on sm_100 for
+    in-register NVFP4 and MXFP8 tiles and for pre-decoded bf16 tiles (the fp32 recompute has no tensor-core dot)."""
     for cap, mma in ((90, "wgmma"), (100, "tcgen05")):
-        grouped = [r for r in ptx_report if r["cap"] == cap and "grouped_gemm" in r["kernel"]]
-        assert {r["kernel"]: r[mma] for r in grouped} == {
-            "tensor_core_grouped_gemm_nvfp4": True, "tensor_core_grouped_gemm_mxfp8": True,
-            "tensor_core_grouped_gemm_bf16": True, "fp32_grouped_gemm_mxfp8": False}
+        grouped = {r["kernel"]: r[mma] for r in ptx_report if r["cap"] == cap and "_grouped_" in r["kernel"]}
+        assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core"
+                           for layout in ("gemm", "wgrad")
+                           for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"),
+                                             ("tensor_core", "bf16"), ("fp32", "mxfp8"))}
 
 
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
@@ -64,6 +65,8 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
     assert len(grouped) == 2 * 2 * 4 and all(r["sr_hash"] for r in grouped)  # 3 tiles at 64 groups, 1 at 256
     batched = [r for r in ptx_report if r["kernel"].startswith(("batch_quantize_nvfp4", "batch_quantize_mxfp8"))]
     assert len(batched) == 2 * 2 * 3 and all(r["sr_hash"] for r in batched)
+    k_groups = [r for r in ptx_report if r["kernel"].startswith(("k_groups_quantize_nvfp4", "k_groups_quantize_mxfp8"))]
+    assert len(k_groups) == 2 * (3 + 2) and all(r["sr_hash"] for r in k_groups)  # NVFP4 3 tiles, MXFP8 2
 
 
 def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report):
@@ -77,7 +80,7 @@ def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
     assert {r["kernel"] for r in ptx_report} >= {"fp32_gemm_nvfp4", "decode_nvfp4", "decode_mxfp8", "epilogue",
                                                  "quantize_nvfp4", "quantize_mxfp8", "quantize_amax",
                                                  "quantize_nvfp4_hashed", "quantize_mxfp8_hashed",
-                                                 "grouped_quantize_amax"}
+                                                 "grouped_quantize_amax", "k_groups_quantize_amax"}
     for r in ptx_report:
         assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
         assert r["shared"] <= SHARED_LIMIT[r["cap"]], r

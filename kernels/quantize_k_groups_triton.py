@@ -1,0 +1,176 @@
+"""Triton quantization of an experts' wgrad operand (2d x 2d), whose token groups run along the blocked dim: every
+group in one launch, each quantized exactly as ``grouped.grouped_mm`` quantizes it alone — its tokens zero-padded
+to whole blocks, NVFP4 with the group's own tensor scale, SR bits from the group's stream
+``sr_stream(group_seed(seed, g), step)`` indexed as in the padded group — with the cumulative ends ``offs`` and the
+step read on the device.
+
+Stored layout: a (R, KP) quantization blocked along KP (codes (R, KP/2) for NVFP4, (R, KP) for MXFP8; scales
+(R, KP/block)) in which group g's blocks start at padded column ``pad_ends[g-1]`` (0 for the first) and fill
+``ceil(tokens_g / GROUP_PAD) · GROUP_PAD`` columns, zeros past its tokens; columns past the last group are zeros.
+KP, ``ceil(T / GROUP_PAD) · GROUP_PAD + E · GROUP_PAD``, bounds the padded total whatever the group sizes, so
+nothing is read on the host. A quantize tile never spans two groups (its width divides GROUP_PAD), and the
+grouped wgrad GEMM (``grouped_mm_triton``) reads each group's columns in tiles of its own.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels.launch import cdiv
+from autoprec.kernels.numerics_triton import group_stream_keys
+from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS
+from autoprec.kernels.quantize_triton import (
+    AMAX_R,
+    BLOCK_K,
+    KEY_ARGS,
+    _configs,
+    _load_tile,
+    _rht_operand,
+    atomic_max_bits,
+    int32_arg,
+    mxfp8_encode_store,
+    nvfp4_encode_store,
+    tensor_scales,
+)
+from autoprec.kernels.random_bits import M32
+
+GROUP_PAD = 128  # every tile width (BLOCK_K, the autotuned BKs, the GEMMs' BK) divides it
+
+
+@triton.jit
+def _k_group(offs_ptr, pad_ends_ptr, col0, E, EP: tl.constexpr):
+    """(group g of padded column ``col0``, E past the last group; its first token; its token count; its first
+    padded column)."""
+    e = tl.arange(0, EP)
+    g = tl.sum((tl.load(pad_ends_ptr + e, mask=e < E, other=0x7FFFFFFF) <= col0).to(tl.int32))
+    first_col = tl.load(pad_ends_ptr + g - 1, mask=g > 0, other=0)
+    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+    end = tl.load(offs_ptr + g, mask=g < E, other=0)
+    return g, start, tl.maximum(end - start, 0), first_col
+
+
+@triton.jit
+def _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr,
+                BK: tl.constexpr, RHT: tl.constexpr):
+    """(g, the group's token count, the tile's first column within the group, the [BR, BK/16, 16] fp32 tile of
+    padded columns ``col0`` on: the group's tokens, zeros past them, with the RHT along them)."""
+    g, start, n, first_col = _k_group(offs_ptr, pad_ends_ptr, col0, E, EP)
+    j0 = col0 - first_col
+    y = _load_tile(x_ptr + tl.cast(start, tl.int64) * s_k, m_ptr, rows, j0, R, n, s_r, s_k, BR, BK, RHT)
+    return g, n, j0, y
+
+
+@triton.jit
+def _k_groups_amax_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, amax_ptr, R, s_r, s_k, E, EP: tl.constexpr,
+                          BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """Each group's max|x| over its finite values into the int32 ``amax_ptr[g]`` (E + 1 of them, zeroed first):
+    one atomic per tile."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    g, _, _, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, tl.program_id(1) * BK, R, s_r, s_k, E, EP,
+                             BR, BK, RHT)
+    a = tl.abs(y)
+    atomic_max_bits(amax_ptr + g, tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0))
+
+
+@triton.jit
+def _sr_keys(seed, g, step_ptr, n, r_r, BLOCK: tl.constexpr, GROUP_ROWS: tl.constexpr, SR: tl.constexpr):
+    """(k1, k2 of group g's stream, 0, 0 without SR; the SR row stride: the group's block-padded token count with
+    GROUP_ROWS, else ``r_r``)."""
+    k1 = 0
+    k2 = 0
+    if SR:
+        k1, k2 = group_stream_keys(seed.to(tl.uint32, bitcast=True), g, step_ptr)
+    if GROUP_ROWS:
+        r_r = (n + BLOCK - 1) // BLOCK * BLOCK
+    return k1, k2, r_r
+
+
+@triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "KP", "s_k", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
+                           R, KP, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                           RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
+    """NVFP4 of tile (program ids) of the padded (R, KP) layout under its group's tensor scales (``k1``: the operand
+    seed; SR index strides ``r_r``, ``r_k`` within the padded group); program (0, 0) writes every group's decode
+    scale to ``ts_ptr``."""
+    pid_r, col0 = tl.program_id(0), tl.program_id(1) * BK
+    rows = pid_r * BR + tl.arange(0, BR)
+    g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, s_r, s_k, E, EP, BR, BK, RHT)
+    a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 16, GROUP_ROWS, SR)
+    nvfp4_encode_store(y, amax_ptr, g, ts_ptr, False, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows,
+                       col0, R, KP, pid_r, BR, BK, SR, 1, False, True)
+    if pid_r == 0 and tl.program_id(1) == 0:
+        e = tl.arange(0, EP)
+        _, s_dec = tensor_scales(tl.load(amax_ptr + e, mask=e < E, other=0).to(tl.float32, bitcast=True))
+        tl.store(ts_ptr + e, s_dec, mask=e < E)
+
+
+@triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "KP", "s_k", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
+                           R, KP, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                           EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr, EP: tl.constexpr,
+                           BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
+                           GROUP_ROWS: tl.constexpr):
+    """MXFP8 of tile (program ids) of the padded (R, KP) layout, SR bits from its group's stream."""
+    col0 = tl.program_id(1) * BK
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, s_r, s_k, E, EP, BR, BK, RHT)
+    a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 32, GROUP_ROWS, SR)
+    mxfp8_encode_store(y, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows, col0, R, KP, EBITS, MBITS,
+                       BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+
+
+def padded_ends(offs: torch.Tensor) -> torch.Tensor:
+    """int32 cumulative ends of the groups' padded column ranges (each group's token count rounded up to
+    GROUP_PAD), computed on the device."""
+    sizes = torch.diff(offs.to(torch.int32), prepend=offs.new_zeros(1, dtype=torch.int32))
+    return ((sizes + GROUP_PAD - 1) // GROUP_PAD * GROUP_PAD).cumsum(0).to(torch.int32)
+
+
+def padded_width(tokens: int, groups: int) -> int:
+    """KP: the padded columns of ``tokens`` in ``groups`` groups, whatever their sizes."""
+    return cdiv(tokens, GROUP_PAD) * GROUP_PAD + groups * GROUP_PAD
+
+
+def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torch.Tensor, *, seed: int | None,
+                             step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
+                             rht_signs_: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(codes, scales, per-group decode scales: E fp32 for NVFP4, else None, padded ends) of 2D ``x`` quantized
+    along ``axis``, the token dim, in groups ending at ``offs``: a wgrad's left operand (M, T) with ``axis`` 1, its
+    right operand (T, N) with ``axis`` 0; laid out as the module doc says. ``seed``: the operand's SR seed (None:
+    round to nearest), each group's bits indexed as in its padded (M, L) or (L, N) tensor; ``step``: the model's
+    call counter (an int64 device scalar)."""
+    m = x if axis == 1 else x.t()
+    n_rows, tokens = m.shape
+    groups = offs.shape[0]
+    ep = max(triton.next_power_of_2(groups), 2)
+    kp = padded_width(tokens, groups)
+    ends = padded_ends(offs)
+    key = 0 if seed is None else int32_arg(seed & M32)
+    mt = _rht_operand(x, rht, rht_signs_)
+    grid = lambda meta: (cdiv(n_rows, meta["BR"]), kp // meta["BK"])  # noqa: E731
+    # SR index within a padded group: (M, L) row-major for the left operand (its row stride, L, per group: the
+    # kernel's GROUP_ROWS), (L, N) for the right one
+    view = dict(R=n_rows, KP=kp, s_r=m.stride(0), s_k=m.stride(1), r_r=1, r_k=1 if axis == 1 else n_rows, E=groups,
+                EP=ep, RHT=rht, SR=seed is not None, GROUP_ROWS=axis == 1)
+    if fmt is NVFP4:
+        amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
+        _k_groups_amax_kernel[(cdiv(n_rows, AMAX_R), kp // BLOCK_K)](m, mt, offs, ends, amax, n_rows, m.stride(0),
+                                                                    m.stride(1), groups, EP=ep, BR=AMAX_R, BK=BLOCK_K,
+                                                                    RHT=rht)
+        codes = torch.empty(n_rows, kp // 2, device=x.device, dtype=torch.uint8)
+        scales = torch.empty(n_rows, kp // 16, device=x.device, dtype=torch.uint8)
+        s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
+        _nvfp4_k_groups_kernel[grid](m, mt, offs, ends, step, key, codes, scales, amax, s_dec, **view)
+        return codes, scales.view(torch.float8_e4m3fn), s_dec, ends
+    elem = fmt.elem
+    codes = torch.empty(n_rows, kp, device=x.device, dtype=torch.uint8)
+    scales = torch.empty(n_rows, kp // 32, device=x.device, dtype=torch.uint8)
+    _mxfp8_k_groups_kernel[grid](m, mt, offs, ends, step, key, codes, scales, **view, EBITS=elem.ebits,
+                                 MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
+                                 FLOOR=scale_mode == "floor")
+    return codes.view(elem.torch_dtype), scales, None, ends

@@ -1,0 +1,136 @@
+"""The experts' wgrad (2d x 2d, token groups along the reduction) without host reads, in the interpreter: the
+K-grouped quantizer (kernels/quantize_k_groups_triton.py) writes, group by group, the bytes of quantizing each
+zero-padded group alone; the one-launch wgrad GEMM equals each group's dense reference GEMM (fp32 accumulation
+order), an empty group's gradient is zero; the decoded (sm_90) path reads nothing on the host; grouped_mm runs
+it for 2d x 2d."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from test_no_host_sync import HostReads
+
+from autoprec.formats import get_format
+from autoprec.kernels import dispatch, quantize_ref, rht_ref
+from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.grouped_mm_triton import grouped_wgrad_decoded, grouped_wgrad_tc_triton
+from autoprec.kernels.operand import Operand
+from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
+from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
+
+from helpers import bits_equal, edge_tensor
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+STEP = 3
+ENDS = [5, 5, 150, 160, 291]  # a group of 5 tokens, an empty one, one past GROUP_PAD, tokens past the last end
+T, M, N = 300, 48, 32
+
+
+def reference_groups(x, fmt, axis, seed, rht):
+    """Each group of tokens (along ``axis``) zero-padded to whole blocks and quantized alone; None if empty."""
+    block, out, start = get_format(fmt).block_size, [], 0
+    for g, end in enumerate(ENDS):
+        part = x[:, start:end] if axis == 1 else x[start:end]
+        pad = -part.shape[axis] % block
+        part = F.pad(part, (0, pad) if axis == 1 else (0, 0, 0, pad))
+        if end > start:
+            src = rht_ref(part, axis) if rht else part
+            rand = None if seed is None else sr_bits(part.shape, sr_stream(group_seed(seed, g), STEP))
+            out.append(quantize_ref(src, fmt, axis, rounding="rne" if seed is None else "sr", rand=rand))
+        else:
+            out.append(None)
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+@pytest.mark.parametrize("seed", [None, 2**31 + 7], ids=["rne", "sr"])
+@pytest.mark.parametrize("axis", [1, 0], ids=["left_MxT", "right_TxN"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht):
+    x = edge_tensor(M, T) if axis == 1 else edge_tensor(N, T).t().contiguous()  # edge blocks along the tokens
+    spread = torch.tensor([1000.0 ** (i % 3 - 1) for i in range(T)])  # groups 1000x apart: own tensor scales
+    x = x * (spread[None, :] if axis == 1 else spread[:, None])
+    f, offs = get_format(fmt), torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
+    codes, scales, ts, ends = quantize_k_groups_triton(x.to(DEVICE), f, axis, offs, seed=seed,
+                                                       step=torch.tensor(STEP, device=DEVICE), rht=rht)
+    pack = 2 if fmt == "nvfp4" else 1
+    col, expected_ends = 0, []
+    for g, ref in enumerate(reference_groups(x, fmt, axis, seed, rht)):
+        width = 0 if ref is None else -(-ref.codes.shape[1] * pack // GROUP_PAD) * GROUP_PAD
+        if ref is not None:
+            lp = ref.codes.shape[1] * pack  # the group's tokens padded to whole blocks
+            c, s = codes[:, col // pack:(col + width) // pack].cpu(), scales[:, col // f.block_size:
+                                                                        (col + width) // f.block_size].cpu()
+            assert bits_equal(c[:, :lp // pack], ref.codes) and bits_equal(s[:, :lp // f.block_size], ref.scales), g
+            assert not c[:, lp // pack:].view(torch.uint8).any() and not s[:, lp // f.block_size:].view(
+                torch.uint8).any(), f"group {g}: padding past its blocks is zero"
+            if ts is not None:
+                assert bits_equal(ts[g].cpu(), ref.tensor_scale), g
+        elif ts is not None:
+            assert ts[g].item() == 1.0
+        col += width
+        expected_ends.append(col)
+    assert ends.cpu().tolist() == expected_ends
+    assert not codes[:, col // pack:].cpu().view(torch.uint8).any(), "columns past the last group are zero"
+
+
+def quantized_operands(fmt, x, dy, offs, step):
+    """The wgrad's two K-grouped operands (SR on both, the RHT for NVFP4, as a wgrad runs) as the kernels' Operands,
+    their per-group tensor scales, and the padded ends."""
+    f, rht = get_format(fmt), fmt == "nvfp4"
+    ops = []
+    for src, axis, seed in ((x, 1, 6), (dy, 0, 7)):
+        codes, scales, ts, ends = quantize_k_groups_triton(src, f, axis, offs, seed=seed, step=step, rht=rht)
+        ops.append(Operand(f, codes, scales, ts, codes.shape[0], codes.shape[1] * (2 if fmt == "nvfp4" else 1)))
+    return ops, ends
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("run", [grouped_wgrad_decoded, grouped_wgrad_tc_triton], ids=["sm90_decoded",
+                                                                                      "sm90_in_register"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_sm90_grouped_wgrad_equals_each_groups_dense_gemm(monkeypatch, fmt, run, out_dtype):
+    gen = torch.Generator().manual_seed(1)
+    x, dy = torch.randn(M, T, generator=gen), torch.randn(T, N, generator=gen)
+    dy[150:160] *= 1000.0
+    offs = torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
+    (a, b), ends = quantized_operands(fmt, x.to(DEVICE), dy.to(DEVICE), offs, torch.tensor(STEP, device=DEVICE))
+    got = run(a, b, ends, out_dtype).cpu()
+    assert got.shape == (len(ENDS), M, N) and got.dtype == out_dtype
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = grouped_mm(x, dy, offs.cpu(), fmt, rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", seeds=(6, 7),
+                      step=STEP, out_dtype=torch.float32)
+    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    for g in (0, 2, 3, 4):
+        torch.testing.assert_close(got[g].float(), want[g], rtol=tol, atol=tol * want[g].abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_sm90_grouped_wgrad_reads_nothing_on_the_host(fmt):
+    gen = torch.Generator().manual_seed(2)
+    x, dy = torch.randn(M, T, generator=gen).to(DEVICE), torch.randn(T, N, generator=gen).to(DEVICE)
+    offs, step = torch.tensor(ENDS, dtype=torch.int32).to(DEVICE), torch.tensor(STEP).to(DEVICE)
+    (a, b), ends = quantized_operands(fmt, x, dy, offs, step)
+    grouped_wgrad_decoded(a, b, ends, torch.bfloat16)  # compiled outside the check
+    with HostReads() as rec:
+        (a, b), ends = quantized_operands(fmt, x, dy, offs, step)
+        grouped_wgrad_decoded(a, b, ends, torch.bfloat16)
+    assert rec.found == []
+
+
+def test_grouped_mm_runs_the_wgrad_in_one_launch_in_the_interpreter(monkeypatch):
+    """A quantized 2d x 2d grouped_mm under AUTOPREC_KERNELS=triton: no per-group quantization or dense GEMM, and
+    the product of auto mode's per-group CPU kernels."""
+    gen = torch.Generator().manual_seed(3)
+    x, dy = torch.randn(M, T, generator=gen), torch.randn(T, N, generator=gen)
+    offs = torch.tensor(ENDS, dtype=torch.int32)
+    opts = dict(rounding_a="sr", rounding_b="sr", rht=True, seeds=(1, 2), step=torch.tensor(4),
+                out_dtype=torch.float32)
+    expected = grouped_mm(x, dy, offs, "nvfp4", **opts)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "scaled_mm", lambda *args: pytest.fail("a dense GEMM per group"))
+    monkeypatch.setattr(dispatch, "quantize", lambda *args, **kwargs: pytest.fail("a quantization per group"))
+    torch.testing.assert_close(grouped_mm(x, dy, offs, "nvfp4", **opts), expected, rtol=1e-5, atol=1e-4)
