@@ -18,14 +18,14 @@ def test_mode_selection(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
-    assert dispatch._use_triton(cpu, None) is False
+    assert dispatch.use_triton(cpu, None) is False
     monkeypatch.setenv("AUTOPREC_KERNELS", "auto")
-    assert dispatch._use_triton(cpu, None) is False  # auto: the reference on CPU, Triton on CUDA
+    assert dispatch.use_triton(cpu, None) is False  # auto: the reference on CPU, Triton on CUDA
     monkeypatch.delenv("AUTOPREC_KERNELS")
     assert dispatch.kernel_mode() == "auto"
     if dispatch.triton_runtime_reason(cpu) is None:
         monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-        assert dispatch._use_triton(cpu, None) is True
+        assert dispatch.use_triton(cpu, None) is True
 
 
 def test_rht_option_equals_transform_then_quantize(monkeypatch):
