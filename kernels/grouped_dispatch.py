@@ -122,7 +122,7 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
            or grouped_native_problem(layout, a, b, out_dtype, group_sizes or []))
     if why is None:
         return "native_grouped", None
-    # a 2d x 2d product was quantized group by group to ask (its sizes): it runs per group
+    # a 2d x 2d product gets here with its groups quantized one by one (the native check needs their sizes)
     return ("decoded_grouped" if fits and layout == "2d3d" else "per_group"), why
 
 

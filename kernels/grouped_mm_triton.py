@@ -1,19 +1,22 @@
-"""Experts' block-scaled GEMM (2d x 3d: token groups times expert weights) in one Triton launch, the group offsets
-read on the device: C[rows of group g] = A[rows of g] · B_gᵀ, each group under its own NVFP4 tensor scales.
+"""Experts' block-scaled GEMMs in one Triton launch each, the group bounds read on the device; each group under its
+own NVFP4 tensor scales, each group's product equal to the dense ``scaled_mm`` of that group up to fp32
+accumulation order (tiles decoded by ``scaled_mm_triton``'s ``decode_tile`` and multiplied as its kernel does).
 
-A is the (T, K) token rows quantized group by group (``QuantizedGroups``), B every expert's (N, K) operand one
-after the other (E·N rows). A program takes a (BM, BN) output tile, finds the groups of its rows from the
-cumulative ends, and runs the tile's K loop once per group it meets (a tile across a group boundary runs twice),
-storing each group's rows; rows past the last offset are zeros. Tiles are decoded with ``scaled_mm_triton``'s
-``decode_tile`` and multiplied as its kernel multiplies them, so each group's product equals the dense
-``scaled_mm`` of that group up to fp32 accumulation order.
+- 2d x 3d (fprop, dgrad; ``grouped_mm_kernel``): C[rows of group g] = A[rows of g] · B_gᵀ. A is the (T, K) token
+  rows quantized group by group (``QuantizedGroups``), B every expert's (N, K) operand one after the other (E·N
+  rows). A program takes a (BM, BN) output tile, finds the groups of its first and last rows from the cumulative
+  ends, and runs the tile's K loop once per group it meets (a tile across a group boundary runs twice), storing
+  each group's rows; rows past the last offset are zeros.
+- 2d x 2d (wgrad; ``grouped_wgrad_kernel``): C_g = A_g · B_gᵀ, reduced over group g's tokens. A (M, KP) and B
+  (N, KP) are K-grouped (``quantize_k_groups_triton``: each group's padded columns between its padded ends); grid
+  axis 2 is the group, whose K loop runs over its own columns; an empty group's product is zero.
 
-Two ways to run it, as for the dense GEMM:
-- ``grouped_mm_tc_triton``: tiles decoded in registers, bf16 tensor-core dot (the interpreter's and
+Two ways to run each, as for the dense GEMM:
+- ``*_tc_triton``: tiles decoded in registers, bf16 tensor-core dot (the interpreter's and
   ``AUTOPREC_KERNELS=triton``'s path; the fp32 dot where MXFP8 scales leave bf16's exact range).
-- ``grouped_mm_decoded`` (sm_90 and GPUs the native grouped GEMM does not take): both operands decoded to bf16 in
-  memory first (``decode_bf16``), then the kernel reads bf16 tiles for a plain bf16 dot; a device flag set by
-  the decode (MXFP8 values bf16 does not hold) makes the fp32 kernel recompute the product in place.
+- ``*_decoded`` (sm_90, and 2d x 3d products sm_100's native grouped GEMM does not take): both operands decoded to
+  bf16 in memory first (``decode_bf16``), then the kernel reads bf16 tiles for a plain bf16 dot; a device flag set
+  by the decode (MXFP8 values bf16 does not hold) makes the fp32 kernel recompute the product in place.
 """
 from __future__ import annotations
 
@@ -49,11 +52,8 @@ FP32_BLOCKS = (32, 32, 64)
 def operand_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr, KIND: tl.constexpr, EBITS: tl.constexpr,
                  MBITS: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr,
                  DOT: tl.constexpr):
-    """A [len(rows), BK] tile as the dot takes it: bf16 values loaded as they are for a tensor-core dot (no fp32
-    round trip, which costs registers beside the dot), else ``decode_tile``'s values."""
-    if KIND == 2 and DOT == 1:
-        mask = (rows < R)[:, None] & (k0 + tl.arange(0, BK) < K)[None, :]
-        return tl.load(codes_ptr + rows[:, None] * K + (k0 + tl.arange(0, BK))[None, :], mask=mask, other=0.0)
+    """A [len(rows), BK] tile of one operand as the dot takes it (``decode_tile``, then ``dot_operand``); NVFP4
+    tiles for a tensor-core dot decode per block, as the dense kernel's do."""
     return dot_operand(decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK, KIND, EBITS, MBITS, BIAS, HAS_INF,
                                    TILE_ROWS, DOT != 0 and KIND == 0), DOT)
 
