@@ -30,10 +30,15 @@ def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
                    KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
                    HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                    IN_FP32: tl.constexpr, CHECK: tl.constexpr):
-    """bf16 ``code · block scale`` of a (BR, BK) tile; with CHECK, sets the int32 at ``flag_ptr`` to 1 when a
-    value of the tile is not a bf16 normal number or zero (its low 16 bits set, or an fp32 subnormal; NaN
-    decodes to NaN either way)."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    """bf16 ``code · block scale`` of a (BR, BK) tile (BR a multiple of TILE_ROWS); with CHECK, sets the int32 at
+    ``flag_ptr`` to 1 when a value of the tile is not a bf16 normal number or zero (its low 16 bits set, or an fp32
+    subnormal; NaN decodes to NaN either way)."""
+    top = tl.cast(tl.program_id(0) * BR, tl.int64)  # the pointers start at the tile's first row, in int64: a
+    codes_ptr += top * (K // 2 if KIND == 0 else K)  # stack of experts' weights may pass 2**31 elements
+    scales_ptr += top // TILE_ROWS * (K // (16 if KIND == 0 else 32))
+    out_ptr += top * K
+    R -= tl.program_id(0) * BR
+    rows = tl.arange(0, BR)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     tile = decode_tile(codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K, BK, KIND, EBITS, MBITS, BIAS,
                        HAS_INF, TILE_ROWS, True)
