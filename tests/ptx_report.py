@@ -3,10 +3,11 @@ PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memo
 (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS GEMM,
 and the quantizers (SR and RHT on; and the fprop row quantizers as a launch specializes them, with their SASS
 instruction counts). Run in a process without TRITON_INTERPRET (the interpreter replaces Triton's compiler):
-``python tests/ptx_report.py``."""
+``python tests/ptx_report.py`` (one compiling process per core)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -263,5 +264,11 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 
-if __name__ == "__main__":
-    print(json.dumps([report(*spec, cap) for spec in kernels() for cap in (90, 100)]))
+def report_job(index: int) -> dict:
+    """Job ``index`` of the report: kernel ``index // 2`` for sm_90, then sm_100."""
+    return report(*kernels()[index // 2], (90, 100)[index % 2])
+
+
+if __name__ == "__main__":  # compiles take minutes without Triton's cache: one process per core
+    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+        print(json.dumps(pool.map(report_job, range(2 * len(kernels())))))
