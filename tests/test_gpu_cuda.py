@@ -182,6 +182,30 @@ def test_gpu_quantize_and_matmul_never_wait_for_the_gpu(fmt):
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_experts_gemms_never_wait_for_the_gpu_on_sm90(fmt):
+    """An experts fprop (2d x 3d) and wgrad (2d x 2d, SR and the RHT) in one launch each, on sm_90: the offsets and
+    the step stay on the device (sm_100's native grouped GEMM reads the bounds to lay out its scales)."""
+    if torch.cuda.get_device_capability() >= (10, 0):
+        pytest.skip("sm_100 runs the native grouped GEMM, which reads the group bounds on the host")
+    x, w = torch.randn(520, 256, device="cuda"), torch.randn(5, 256, 192, device="cuda")
+    dy = torch.randn(520, 192, device="cuda")
+    offs, step = torch.tensor([40, 40, 300, 333, 512], dtype=torch.int32, device="cuda"), torch.tensor(1).cuda()
+
+    def run():
+        grouped_mm(x, w, offs, fmt, rounding_a="sr", step=step, out_dtype=torch.bfloat16)
+        grouped_mm(x.t(), dy, offs, fmt, rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", step=step,
+                   out_dtype=torch.bfloat16)
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def compiled_gpt(device: str, options: dict, mode: str | None = None):
     """(model, compiled model, tokens, targets): the small GPT these tests train, from seed 0, on ``device``."""
     torch._dynamo.reset()
