@@ -31,10 +31,12 @@ import torch
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped_dispatch import group_bounds
+from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.random_bits import group_seed, sr_stream
 from autoprec.kernels.scaled_grouped_mm_native import scaled_grouped_mm_native
+from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
 
 EXACT = "exact"  # the product in the operands' dtype, as the traced op computes it
 
@@ -44,6 +46,30 @@ def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
     layout = f"{a_ndim}d{b_ndim}d"
     if layout in ("2d3d", "2d2d") and has_offs or layout == "3d3d" and not has_offs:
         return layout
+    return None
+
+
+def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, dtypes: tuple[torch.dtype, ...],
+                     k, tile2d_b: bool, out_dtype: torch.dtype) -> str | None:
+    """Why ``grouped_mm`` in ``fmt`` on operands of ``dtypes`` (reduction ``k`` for 2d x 3d) reads a device value on
+    the host on a GPU of this compute capability (None: not a GPU), or None where it reads none (the quantized
+    one-launch paths of sm_90 in auto mode), so that a CUDA graph can capture it."""
+    if fmt == EXACT or not get_format(fmt).quantized:
+        return f"a {fmt} grouped product runs one GEMM per group"
+    if capability is None:
+        return "not a CUDA device"
+    if capability >= NATIVE_CAPABILITY:
+        return "sm_100's native grouped GEMM lays out each group's scales from the group bounds"
+    if kernel_mode() != "auto":
+        return f"AUTOPREC_KERNELS={kernel_mode()}"
+    if out_dtype not in grouped_dispatch.ONE_LAUNCH_DTYPES or any(d not in dispatch.TRITON_DTYPES for d in dtypes):
+        return f"operands {dtypes} and output {out_dtype} run per group"
+    if layout == "3d3d":
+        return "a 3d x 3d product quantizes its batch items one by one"
+    if layout == "2d2d" and tile2d_b:
+        return "a 2d x 2d product with 16x16 tiles runs per group"
+    if layout == "2d3d" and (not isinstance(k, int) or k % get_format(fmt).block_size):
+        return f"a reduction of {k}, not whole blocks, is padded group by group"
     return None
 
 
@@ -91,15 +117,16 @@ def grouped_mm(
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
     out_dtype = out_dtype or a.dtype
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
+    if not a.numel() or not b.numel():  # no tokens, experts or features: nothing to sum
+        return a.new_zeros(shape, dtype=out_dtype)
     blocked = fmt != EXACT and get_format(fmt).quantized
-    if blocked and layout == "2d3d" and a.numel() and b.numel() and a.shape[1] % get_format(fmt).block_size == 0:
+    if blocked and layout == "2d3d" and a.shape[1] % get_format(fmt).block_size == 0:
         qa = grouped_dispatch.quantize_row_groups(a, fmt, offs, rounding=rounding_a, seed=seeds[0], step=step,
                                                   scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype)
-    if blocked and layout == "2d2d" and not tile2d_b and a.numel() and b.numel() and (
-            path := grouped_dispatch.wgrad_path(a, b, out_dtype)):
+    if blocked and layout == "2d2d" and not tile2d_b and (path := grouped_dispatch.wgrad_path(a, b, out_dtype)):
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), path, out_dtype, rounding_a=rounding_a,
                                          rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,
                                          rht_signs=rht_signs)

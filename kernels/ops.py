@@ -23,21 +23,21 @@ Tensor = torch.Tensor
 _LIB = torch.library.Library("autoprec", "DEF")
 
 
-def _op(tags: tuple = ()):
-    """Define ``torch.ops.autoprec.<fn's name>`` with the schema of ``fn``'s annotations and ``fn`` as its CPU and
-    CUDA kernel; returns ``fn``, whose fake implementation the caller registers with ``_fake``."""
+def _op(tags: tuple = (), name: str | None = None):
+    """Define ``torch.ops.autoprec.<name>`` (default: fn's name) with the schema of ``fn``'s annotations and ``fn``
+    as its CPU and CUDA kernel; returns ``fn``, whose fake implementation the caller registers with ``_fake``."""
     def define(fn):
-        name = fn.__name__
-        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=()), tags=tags)
+        name_ = name or fn.__name__
+        _LIB.define(name_ + torch.library.infer_schema(fn, mutates_args=()), tags=tags)
         for key in ("CPU", "CUDA"):
-            _LIB.impl(name, fn, key)
+            _LIB.impl(name_, fn, key)
         return fn
     return define
 
 
-def _fake(op):
-    """Register the decorated function as the fake (shape-only) implementation of ``op``."""
-    return lambda fn: torch.library.register_fake(f"autoprec::{op.__name__}", fn, lib=_LIB)
+def _fake(op, name: str | None = None):
+    """Register the decorated function as the fake (shape-only) implementation of ``op`` (defined as ``name``)."""
+    return lambda fn: torch.library.register_fake(f"autoprec::{name or op.__name__}", fn, lib=_LIB)
 
 
 def _stored_shape(shape, axis: int) -> list:
@@ -179,9 +179,10 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
 
 
-# The grouped op reads its group offsets on the host (the per-group GEMM loop), which a CUDA graph
+# The grouped op reads its group offsets on the host on most paths (grouped.host_read_reason), which a CUDA graph
 # cannot capture: the tag makes inductor's mode="reduce-overhead" leave its graphs uncaptured (or, with graph
-# partitions, run the op between captured parts) instead of failing inside the capture.
+# partitions, run the op between captured parts) instead of failing inside the capture. The rewrite emits the same
+# op without the tag, ``grouped_mm_on_device``, where the reason is None (sm_90's quantized one-launch paths).
 @_op(tags=(torch.Tag.cudagraph_unsafe,))
 def grouped_mm(
     a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,
@@ -189,14 +190,28 @@ def grouped_mm(
 ) -> Tensor:
     """``grouped.grouped_mm`` (an experts GEMM, see its layouts) in ``fmt``: ``exact`` (the traced op's
     product), ``bf16`` or a block format, each group quantized on its own with SR streams from
-    ``seed_a`` / ``seed_b`` and ``step``."""
+    ``seed_a`` / ``seed_b`` and ``step``. Inside a CUDA graph capture, a call that would read the host raises,
+    naming why (a capture cannot hold the read)."""
+    if a.is_cuda and torch.cuda.is_current_stream_capturing():
+        layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
+        why = grouped.host_read_reason(dispatch.device_capability(a.device), layout, fmt, (a.dtype, b.dtype),
+                                       a.shape[-1], tile2d_b, out_dtype)
+        if why:
+            raise RuntimeError(f"autoprec grouped_mm inside a CUDA graph capture would read the host: {why}")
     return grouped.grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b,
                               rht=rht, rht_signs=rht_signs(rht_seed) if rht else None, seeds=(seed_a, seed_b),
                               step=step, scale_mode=scale_mode, out_dtype=out_dtype)
 
 
-@_fake(grouped_mm)
-def _(a, b, offs, fmt, rounding_a, rounding_b, tile2d_b, rht, seed_a, seed_b, scale_mode, rht_seed, step, out_dtype):
+_op(name="grouped_mm_on_device")(grouped_mm)
+
+
+def _grouped_fake(a, b, offs, fmt, rounding_a, rounding_b, tile2d_b, rht, seed_a, seed_b, scale_mode, rht_seed, step,
+                  out_dtype):
     layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
     shape = grouped.grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
     return a.new_empty(shape, dtype=out_dtype)
+
+
+_fake(grouped_mm)(_grouped_fake)
+_fake(grouped_mm, "grouped_mm_on_device")(_grouped_fake)

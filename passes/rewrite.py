@@ -11,6 +11,8 @@ from torch._guards import detect_fake_mode
 
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import get_format
+from autoprec.kernels import dispatch
+from autoprec.kernels.grouped import host_read_reason
 from autoprec.options import CompileOptions
 from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo
@@ -60,13 +62,20 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
 
 def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, step: fx.Node,
              current, tag: dict) -> fx.Node:
-    """One ``autoprec.grouped_mm`` node running a grouped (experts) GEMM in the decision's format."""
+    """One ``autoprec.grouped_mm`` node running a grouped (experts) GEMM in the decision's format; the op without
+    the CUDA-graph tag, ``grouped_mm_on_device``, where it reads nothing on the host on the graph's device
+    (``grouped.host_read_reason``)."""
     mm = info.mm
     cfg = grouped_config(d, info.grad_operand, info.weight_operand)
     fmt = d.fmt if get_format(d.fmt).quantized else "bf16"
+    out_dtype = node.meta["val"].dtype
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
-            cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, node.meta["val"].dtype)
-    return add_like(graph, autoprec_ops.grouped_mm.default, args, node, tag)
+            cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, out_dtype)
+    a, b = mm.a.meta["val"], mm.b.meta["val"]
+    why = host_read_reason(dispatch.device_capability(a.device), mm.layout, fmt, (a.dtype, b.dtype), a.shape[-1],
+                           cfg["tile2d_b"], out_dtype)
+    op = autoprec_ops.grouped_mm if why else autoprec_ops.grouped_mm_on_device
+    return add_like(graph, op.default, args, node, tag)
 
 
 def add_like(graph: fx.Graph, op, args: tuple, like: fx.Node, tag: dict | None = None) -> fx.Node:

@@ -95,6 +95,7 @@ def test_custom_ops_pass_opcheck():
     grouped = (torch.randn(10, 64), torch.randn(3, 64, 16), torch.tensor([3, 3, 10], dtype=torch.int32), "nvfp4",
                "rne", "sr", False, False, 1, 2, "rceil", 0, STEP, torch.float32)
     torch.library.opcheck(torch.ops.autoprec.grouped_mm.default, grouped)
+    torch.library.opcheck(torch.ops.autoprec.grouped_mm_on_device.default, grouped)
 
 
 def test_ops_trace_under_compile():

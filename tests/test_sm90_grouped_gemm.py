@@ -2,6 +2,8 @@
 interpreter: each group's rows equal the dense reference GEMM of that group's own quantizations (fp32 accumulation
 order), rows past the last offset are zero, values bf16 does not hold go to the fp32 kernel, and the decoded
 (sm_90) path reads nothing on the host. Which path runs where: test_sm100_grouped_native.py."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from test_no_host_sync import HostReads
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
+from autoprec.kernels.grouped import host_read_reason
 from autoprec.kernels.grouped_dispatch import experts_mm, experts_operands
 from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
@@ -123,3 +126,46 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     monkeypatch.setattr(dispatch, "scaled_mm", lambda *args: pytest.fail("a dense GEMM per group"))
     torch.testing.assert_close(grouped_mm(a, w, offs, "nvfp4", **opts), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("capability,layout,fmt,k,tile2d_b,out_dtype,why", [
+    ((9, 0), "2d3d", "nvfp4", 64, True, torch.bfloat16, None),
+    ((9, 0), "2d2d", "mxfp8", 64, False, torch.float32, None),
+    ((9, 0), "2d2d", "nvfp4", 64, True, torch.bfloat16, "16x16 tiles"),
+    ((9, 0), "3d3d", "nvfp4", 64, False, torch.bfloat16, "3d x 3d"),
+    ((9, 0), "2d3d", "nvfp4", 40, False, torch.bfloat16, "not whole blocks"),
+    ((9, 0), "2d3d", "bf16", 64, False, torch.bfloat16, "a bf16 grouped product"),
+    ((9, 0), "2d3d", "nvfp4", 64, False, torch.float16, "run per group"),
+    ((10, 0), "2d3d", "nvfp4", 64, False, torch.bfloat16, "native grouped GEMM"),
+    (None, "2d3d", "nvfp4", 64, False, torch.bfloat16, "not a CUDA device"),
+])
+def test_sm90_grouped_op_reads_the_host_only_where_it_says(capability, layout, fmt, k, tile2d_b, out_dtype, why):
+    reason = host_read_reason(capability, layout, fmt, (torch.bfloat16, torch.bfloat16), k, tile2d_b, out_dtype)
+    assert reason is None if why is None else why in reason
+
+
+@pytest.mark.parametrize("capability,capturable", [((9, 0), True), ((10, 0), False)], ids=["sm90", "sm100"])
+def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, fresh_dynamo, capability,
+                                                                   capturable):
+    """Compiled as for an sm_90 GPU (its capability stood in for), an MoE block's quantized experts GEMMs (fprop,
+    dgrad, wgrad) become ``grouped_mm_on_device``, without the tag that keeps inductor's reduce-overhead mode from
+    capturing a graph; for sm_100, whose native grouped GEMM reads the group bounds, the tagged op."""
+    from test_moe import MoEBlock
+
+    from autoprec import backend
+    from autoprec.passes import rewrite
+
+    graphs = []
+    orig = backend.pair_quantizations
+    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
+    # the rewrite sees the stand-in capability; the step itself runs on this CPU
+    monkeypatch.setattr(rewrite, "dispatch", SimpleNamespace(device_capability=lambda device: capability))
+    torch.manual_seed(0)
+    model = MoEBlock().bfloat16()
+    compiled = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4"})
+    compiled(torch.randint(0, 16, (95,), generator=torch.Generator().manual_seed(0))).float().pow(2).mean().backward()
+    grouped = [n.target for g in graphs for n in g.graph.nodes if "grouped_mm" in str(n.target)]
+    assert len(grouped) == 6  # two experts GEMMs: fprop, dgrad, wgrad
+    on_device = torch.ops.autoprec.grouped_mm_on_device.default
+    assert all((t is on_device) == capturable for t in grouped)
+    assert all((torch.Tag.cudagraph_unsafe in t.tags) != capturable for t in grouped)
