@@ -1,5 +1,6 @@
 """Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm; each
-planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes group by group. A weight
+planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes each group on its own
+(``grouped_mm_on_device``, the op without the CUDA-graph tag, where it reads nothing on the host). A weight
 in 16x16 NVFP4 tiles is quantized once: its dgrad reads the transpose of its fprop's quantization."""
 from __future__ import annotations
 
