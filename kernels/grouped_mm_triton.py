@@ -4,9 +4,10 @@ accumulation order (tiles decoded by ``scaled_mm_triton``'s ``decode_tile`` and 
 
 - 2d x 3d (fprop, dgrad; ``grouped_mm_kernel``): C[rows of group g] = A[rows of g] · B_gᵀ. A is the (T, K) token
   rows quantized group by group (``QuantizedGroups``), B every expert's (N, K) operand one after the other (E·N
-  rows). A program takes a (BM, BN) output tile, finds the groups of its first and last rows from the cumulative
-  ends, and runs the tile's K loop once per group it meets (a tile across a group boundary runs twice), storing
-  each group's rows; rows past the last offset are zeros.
+  rows). Each group's rows are cut into row tiles of their own, the rows past the last offset into tiles written
+  as zeros; a program finds its tile from the groups' tile counts, summed in the kernel from the cumulative ends
+  (the grid, ``ceil(T / BM) + E + 1`` row tiles, covers any group sizes), so every tile runs one K loop for one
+  expert, however small the groups.
 - 2d x 2d (wgrad; ``grouped_wgrad_kernel``): C_g = A_g · B_gᵀ, reduced over group g's tokens. A (M, KP) and B
   (N, KP) are K-grouped (``quantize_k_groups_triton``: each group's padded columns between its padded ends); grid
   axis 2 is the group, whose K loop runs over its own columns; an empty group's product is zero.
@@ -40,12 +41,13 @@ from autoprec.kernels.scaled_mm_triton import (
     accumulate,
     decode_tile,
     dot_operand,
+    from_row,
     store_tile,
 )
 
 TC_BLOCKS, TC_OPTIONS = (64, 128, 32), {"num_warps": 8, "num_stages": 3}  # in-register decode (BM=128 spills)
 BF16_BLOCKS, BF16_OPTIONS = (128, 128, 32), {"num_warps": 8, "num_stages": 3}  # pre-decoded bf16 (BK=64 spills)
-FP32_BLOCKS = (32, 32, 64)
+FP32_BLOCKS = (32, 32, 32)  # BK=64 spills in the 2d x 3d kernel
 
 
 @triton.jit
@@ -76,35 +78,42 @@ def grouped_mm_kernel(
     B_TILE_ROWS: tl.constexpr, A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, EP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
 ):
-    """Output tile (program ids) of the grouped product; expert g's B codes and scales start ``g·b_step`` and
-    ``g·bs_step`` elements in, its tensor scales (A_TS, B_TS) are ``a_ts[g]``, ``b_ts[g]``. GUARDED: as
-    ``scaled_mm_kernel``'s (run only where the int32 at ``flag_ptr`` is set)."""
+    """Output tile (program ids) of the grouped product: program p of axis 0 takes the p-th row tile of the groups'
+    tiles, each group's rows cut into tiles of its own (the groups' tile counts summed in the kernel), plus the tiles
+    of the rows past the last offset, which it writes as zeros; programs past the last tile do nothing. Expert g's
+    B codes and scales start ``g·b_step`` and ``g·bs_step`` elements in, its tensor scales (A_TS, B_TS) are
+    ``a_ts[g]``, ``b_ts[g]``. GUARDED: as ``scaled_mm_kernel``'s (run only where the int32 at ``flag_ptr`` is
+    set)."""
     run = 1
     if GUARDED:
         run = tl.load(flag_ptr)
     if run != 0:
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        e = tl.arange(0, EP)
-        ends = tl.load(offs_ptr + e, mask=e < E, other=0x7FFFFFFF)
-        top = tl.program_id(0) * BM
-        first = tl.sum((ends <= top).to(tl.int32))  # the groups of the tile's first and last rows
-        last = tl.sum((ends <= tl.minimum(top + BM, T) - 1).to(tl.int32))
-        for g in range(first, last + 1):  # E: the rows past the last offset, written as zeros
-            start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-            end = tl.load(offs_ptr + g, mask=g < E, other=T)
+        e = tl.arange(0, EP)  # groups 0 .. E-1, then the rows past the last offset as group E (EP > E)
+        ends = tl.load(offs_ptr + e, mask=e < E, other=T)
+        starts = tl.where(e == 0, 0, tl.load(offs_ptr + e - 1, mask=(e > 0) & (e <= E), other=T))
+        tiles = (ends - starts + BM - 1) // BM
+        last_tile = tl.cumsum(tiles, 0)  # one past each group's last tile
+        p = tl.program_id(0)
+        g = tl.sum((last_tile <= p).to(tl.int32))
+        if g <= E:
+            first = tl.sum(tl.where(e == g, last_tile - tiles, 0))
+            start, end = tl.sum(tl.where(e == g, starts, 0)), tl.sum(tl.where(e == g, ends, 0))
+            top = start + (p - first) * BM  # the tile's first row; its rows indexed from there
+            rm = tl.arange(0, BM)
+            rn = tl.program_id(1) * BN + tl.arange(0, BN)
             acc = tl.zeros((BM, BN), tl.float32)
             if g < E:
+                ac, asc = from_row(a_codes, a_scales, top, K, A_KIND, 1)
                 at = tl.cast(g, tl.int64)  # an expert's operand may start past 2**31 elements
                 bc, bs = b_codes + at * b_step, b_scales + at * bs_step
                 for k0 in range(0, K, BK):
-                    a = operand_tile(a_codes, a_scales, rm, k0, T, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1,
+                    a = operand_tile(ac, asc, rm, k0, end - top, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1,
                                      DOT)
                     b = operand_tile(bc, bs, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS,
                                      DOT)
                     acc = accumulate(acc, a, b, DOT)
                 acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
-            store_tile(acc, out_ptr, out_ptr, tl.where((rm >= start) & (rm < end), rm, T), rn, T, N, False, OUT_BF16)
+            store_tile(acc, out_ptr, out_ptr + tl.cast(top, tl.int64) * N, rm, rn, end - top, N, False, OUT_BF16)
 
 
 @triton.jit
@@ -163,11 +172,11 @@ def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torc
     the E cumulative ends (int32, on the device); ``flag``: as ``scaled_mm_triton.launch`` takes it."""
     t, k, n = a.rows, a.k, b.rows // experts
     (b_codes, b_scales, _), b_meta = kernel_args(b)
-    grid = (cdiv(t, blocks[0]), cdiv(n, blocks[1]))
+    grid = (cdiv(t, blocks[0]) + experts + 1, cdiv(n, blocks[1]))  # at most one partial tile per group and the tail
     grouped_mm_kernel[grid](
         *_args(a, b, a_ts, b_ts, out), offs, _out(out), out if flag is None else flag, t, n, k, experts,
         b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
-        b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=max(triton.next_power_of_2(experts), 2),
+        b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=triton.next_power_of_2(experts + 1),
         **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
     )
     return out

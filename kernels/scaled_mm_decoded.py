@@ -19,7 +19,7 @@ import triton.language as tl
 
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, scaled_mm_triton, store_tile
+from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, from_row, scaled_mm_triton, store_tile
 
 DECODE_R, DECODE_K = 64, 64
 EPILOGUE_M, EPILOGUE_N = 32, 128
@@ -33,11 +33,10 @@ def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
     """bf16 ``code · block scale`` of a (BR, BK) tile (BR a multiple of TILE_ROWS); with CHECK, sets the int32 at
     ``flag_ptr`` to 1 when a value of the tile is not a bf16 normal number or zero (its low 16 bits set, or an fp32
     subnormal; NaN decodes to NaN either way)."""
-    top = tl.cast(tl.program_id(0) * BR, tl.int64)  # the pointers start at the tile's first row, in int64: a
-    codes_ptr += top * (K // 2 if KIND == 0 else K)  # stack of experts' weights may pass 2**31 elements
-    scales_ptr += top // TILE_ROWS * (K // (16 if KIND == 0 else 32))
-    out_ptr += top * K
-    R -= tl.program_id(0) * BR
+    top = tl.program_id(0) * BR  # pointers from the tile's first row: a stack of experts' weights passes 2**31
+    codes_ptr, scales_ptr = from_row(codes_ptr, scales_ptr, top, K, KIND, TILE_ROWS)
+    out_ptr += tl.cast(top, tl.int64) * K
+    R -= top
     rows = tl.arange(0, BR)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     tile = decode_tile(codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K, BK, KIND, EBITS, MBITS, BIAS,

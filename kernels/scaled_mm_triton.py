@@ -65,6 +65,17 @@ def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
 
 
 @triton.jit
+def from_row(codes_ptr, scales_ptr, row0, K, KIND: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """``decode_tile``'s codes and scales pointers of an operand moved to its row ``row0`` (a multiple of
+    TILE_ROWS), in int64: tiles then index their rows from 0, so no element offset passes 2**31."""
+    top = tl.cast(row0, tl.int64)
+    if KIND == 2:
+        return codes_ptr + top * K, scales_ptr
+    return (codes_ptr + top * (K // 2 if KIND == 0 else K),
+            scales_ptr + top // TILE_ROWS * (K // (16 if KIND == 0 else 32)))
+
+
+@triton.jit
 def apply_tensor_scales(acc, a_ts, b_ts, A_KIND: tl.constexpr, B_KIND: tl.constexpr):
     """NVFP4's per-tensor decode scales, once on the fp32 accumulator."""
     if A_KIND == 0:

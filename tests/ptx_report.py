@@ -201,7 +201,7 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 
 
 def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
-    """The experts' one-launch GEMMs, 2d x 3d (64 groups) and the wgrad's 2d x 2d, bf16 out: tiles decoded in
+    """The experts' one-launch GEMMs, 2d x 3d (up to 63 groups) and the wgrad's 2d x 2d, bf16 out: tiles decoded in
     registers (NVFP4, with 16x16 weight tiles for 2d x 3d; MXFP8), pre-decoded bf16 tiles with NVFP4's per-group
     tensor scales, and the guarded fp32 recompute."""
     sig = {k: v for k, v in POINTERS.items() if k not in ("bias_ptr", "M", "N", "K")} | {

@@ -169,3 +169,23 @@ def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, 
     on_device = torch.ops.autoprec.grouped_mm_on_device.default
     assert all((t is on_device) == capturable for t in grouped)
     assert all((torch.Tag.cudagraph_unsafe in t.tags) != capturable for t in grouped)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_sm90_grouped_gemms_with_many_small_groups(monkeypatch, fmt):
+    """70 experts of 0-4 tokens (a sampler's decode step; the kernel's group table is 128 wide), bf16 tokens: the
+    2d x 3d product and the wgrad in one launch each equal auto mode's per-group CPU kernels."""
+    gen = torch.Generator().manual_seed(5)
+    offs = torch.randint(0, 5, (70,), generator=gen).cumsum(0).to(torch.int32)
+    t = int(offs[-1]) + 2
+    a, w = torch.randn(t, 64, generator=gen).bfloat16(), torch.randn(70, 64, 24, generator=gen).bfloat16()
+    x, dy = torch.randn(40, t, generator=gen).bfloat16(), torch.randn(t, 24, generator=gen).bfloat16()
+    fprop = dict(rounding_a="sr", seeds=(1, 2), step=3, out_dtype=torch.float32)
+    wgrad = dict(rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", seeds=(1, 2), step=3, out_dtype=torch.float32)
+    from autoprec.kernels.grouped import grouped_mm
+
+    want = grouped_mm(a, w, offs, fmt, **fprop), grouped_mm(x, dy, offs, fmt, **wgrad)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    got = grouped_mm(a, w, offs, fmt, **fprop), grouped_mm(x, dy, offs, fmt, **wgrad)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
