@@ -232,6 +232,10 @@ def _experts_out(a: Operand, b: Operand, experts: int, out_dtype: torch.dtype) -
     return torch.empty(a.rows, b.rows // experts, device=a.codes.device, dtype=out_dtype)
 
 
+def _wgrad_out(a: Operand, b: Operand, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(ends.shape[0], a.rows, b.rows, device=a.codes.device, dtype=out_dtype)
+
+
 def grouped_mm_tc_triton(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
                          out_dtype: torch.dtype) -> torch.Tensor:
     """(T, N) 2d x 3d product of quantized ``a`` and ``b`` (``launch_grouped``'s layout, NVFP4 tensor scales one per
@@ -249,11 +253,9 @@ def grouped_mm_decoded(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
 def grouped_wgrad_tc_triton(a: Operand, b: Operand, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """(E, M, N) 2d x 2d product of K-grouped ``a`` (M, KP) and ``b`` (N, KP) (``launch_wgrad``'s layout), tiles
     decoded in registers."""
-    out = torch.empty(ends.shape[0], a.rows, b.rows, device=a.codes.device, dtype=out_dtype)
-    return _in_registers(partial(launch_wgrad, ends=ends), a, b, out)
+    return _in_registers(partial(launch_wgrad, ends=ends), a, b, _wgrad_out(a, b, ends, out_dtype))
 
 
 def grouped_wgrad_decoded(a: Operand, b: Operand, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """``grouped_wgrad_tc_triton``'s product with the operands decoded to bf16 in memory first."""
-    out = torch.empty(ends.shape[0], a.rows, b.rows, device=a.codes.device, dtype=out_dtype)
-    return _decoded(partial(launch_wgrad, ends=ends), a, b, out)
+    return _decoded(partial(launch_wgrad, ends=ends), a, b, _wgrad_out(a, b, ends, out_dtype))

@@ -77,14 +77,23 @@ def _group_amax_kernel(x_ptr, m_ptr, offs_ptr, amax_ptr, R, K, s_r, s_k, E, EP: 
 
 
 @triton.jit
-def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.constexpr):
-    """(group of each row, SR bit index rows: each row's index within its group, keys k1, k2 of each row's group
-    stream as [BR, 1, 1]; 0, 0 without SR)."""
-    g, start = _row_groups(offs_ptr, rows, E, EP)
+def group_sr_keys(seed, g, step_ptr, SR: tl.constexpr):
+    """(k1, k2) of group ``g``'s SR stream (``g`` of any shape; ``seed``: the operand seed's int32 bits, as
+    ``seed_arg`` passes them), 0, 0 without SR."""
     k1 = 0
     k2 = 0
     if SR:
         k1, k2 = group_stream_keys(seed.to(tl.uint32, bitcast=True), g, step_ptr)
+    return k1, k2
+
+
+@triton.jit
+def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.constexpr):
+    """(group of each row, SR bit index rows: each row's index within its group, keys k1, k2 of each row's group
+    stream as [BR, 1, 1]; 0, 0 without SR)."""
+    g, start = _row_groups(offs_ptr, rows, E, EP)
+    k1, k2 = group_sr_keys(seed, g, step_ptr, SR)
+    if SR:
         k1, k2 = k1[:, None, None], k2[:, None, None]
     return g, rows - start, k1, k2
 
@@ -122,6 +131,11 @@ def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
                        tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
+def seed_arg(seed: int | None) -> int:
+    """The grouped kernels' ``k1``: the operand seed's low 32 bits as an int32 argument (0 without SR)."""
+    return 0 if seed is None else int32_arg(seed & M32)
+
+
 def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
                                step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
                                rht_signs_: torch.Tensor | None = None
@@ -133,7 +147,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     n_rows, k = x.shape
     groups = offs.shape[0]
     ep = max(triton.next_power_of_2(groups), 2)
-    key = 0 if seed is None else int32_arg(seed & M32)  # the operand seed's low 32 bits
+    key = seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
@@ -160,10 +174,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
 def _batch_item(x_ptr, seed, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b, SR: tl.constexpr):
     """(program's batch item, its source, codes and scales pointers, its group stream's keys; 0, 0 without SR)."""
     item = tl.program_id(2)
-    k1 = 0
-    k2 = 0
-    if SR:
-        k1, k2 = group_stream_keys(seed.to(tl.uint32, bitcast=True), item, step_ptr)
+    k1, k2 = group_sr_keys(seed, item, step_ptr, SR)
     at = item.to(tl.int64)  # items of a large expert tensor lie past 2**31 elements
     return item, x_ptr + at * s_b, codes_ptr + at * c_b, scales_ptr + at * sc_b, k1, k2
 
@@ -207,7 +218,7 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     x[e] of a 3D (E, K, N) tensor quantized along K (its dim 0) on its own, laid out as ``quantize_triton`` lays
     out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s."""
     items, k, n = x.shape
-    key = 0 if seed is None else int32_arg(seed & M32)  # the operand seed's low 32 bits
+    key = seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n, meta["BR"]), cdiv(k, meta["BK"]), items)  # noqa: E731
     view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=1, r_k=n)  # SR: x[e]'s indices

@@ -19,8 +19,7 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.launch import cdiv
-from autoprec.kernels.numerics_triton import group_stream_keys
-from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS
+from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
     AMAX_R,
     BLOCK_K,
@@ -29,12 +28,10 @@ from autoprec.kernels.quantize_triton import (
     _load_tile,
     _rht_operand,
     atomic_max_bits,
-    int32_arg,
     mxfp8_encode_store,
     nvfp4_encode_store,
     tensor_scales,
 )
-from autoprec.kernels.random_bits import M32
 
 GROUP_PAD = 128  # every tile width (BLOCK_K, the autotuned BKs, the GEMMs' BK) divides it
 
@@ -78,10 +75,7 @@ def _k_groups_amax_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, amax_ptr, R, s_r
 def _sr_keys(seed, g, step_ptr, n, r_r, BLOCK: tl.constexpr, GROUP_ROWS: tl.constexpr, SR: tl.constexpr):
     """(k1, k2 of group g's stream, 0, 0 without SR; the SR row stride: the group's block-padded token count with
     GROUP_ROWS, else ``r_r``)."""
-    k1 = 0
-    k2 = 0
-    if SR:
-        k1, k2 = group_stream_keys(seed.to(tl.uint32, bitcast=True), g, step_ptr)
+    k1, k2 = group_sr_keys(seed, g, step_ptr, SR)
     if GROUP_ROWS:
         r_r = (n + BLOCK - 1) // BLOCK * BLOCK
     return k1, k2, r_r
@@ -150,7 +144,7 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
     ep = max(triton.next_power_of_2(groups), 2)
     kp = padded_width(tokens, groups)
     ends = padded_ends(offs)
-    key = 0 if seed is None else int32_arg(seed & M32)
+    key = seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), kp // meta["BK"])  # noqa: E731
     # SR index within a padded group: (M, L) row-major for the left operand (its row stride, L, per group: the

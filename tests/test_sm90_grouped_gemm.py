@@ -19,6 +19,8 @@ from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.quantized import QuantizedGroups
 
+from helpers import to_device
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # an empty first group, a group across the 64- and 128-row tiles, a one-row group, rows past the last offset
 ENDS = [0, 40, 40, 150, 151, 290]
@@ -54,14 +56,10 @@ def per_group_reference(qa, qb, monkeypatch) -> list[torch.Tensor]:
     out = []
     for g, (s, e) in enumerate(zip([0] + ENDS[:-1], ENDS)):
         if e > s:
-            out.append(dispatch.scaled_mm(cpu(qa.group(g, slice(s, e))), cpu(qb.group(g)), None, torch.float32))
+            a, b = to_device(qa.group(g, slice(s, e)), "cpu"), to_device(qb.group(g), "cpu")
+            out.append(dispatch.scaled_mm(a, b, None, torch.float32))
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     return out
-
-
-def cpu(q):
-    return type(q)(q.fmt, q.codes.cpu(), q.scales.cpu(), None if q.tensor_scale is None else q.tensor_scale.cpu(),
-                   q.axis, q.shape, q.tile_rows)
 
 
 def assert_groups_close(got: torch.Tensor, want: list[torch.Tensor], out_dtype: torch.dtype):
