@@ -9,7 +9,8 @@ Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³),
 the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
 decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
 at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
-torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one GEMM per group);
+torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside
+rows forced to one GEMM per group;
 grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each against one
 quantization per group. The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
