@@ -10,7 +10,8 @@ the same shape, alone and with both operands' quantization; each row names the p
 decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
 at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
 torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside
-rows forced to one GEMM per group;
+rows forced to one GEMM per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves
+undefined);
 grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each against one
 quantization per group. The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
@@ -201,6 +202,8 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
             print(f"{'bf16 F.grouped_mm':<28}  failed: {str(e).splitlines()[0][:80]}")
             continue
         row("bf16 F.grouped_mm", lambda a=a, b=b: F.grouped_mm(a, b, offs=offs), flops, ms_bf16, peak)
+        row("bf16, autoprec", lambda a=a, b=b: grouped_mm(a, b, offs, "bf16", out_dtype=torch.bfloat16), flops,
+            ms_bf16, peak, "  torch's grouped GEMM, unwritten output zeroed")
         for fmt in ("nvfp4", "mxfp8"):
             group_b = b[0] if layout == "2d3d" else b[:tokens // experts]
             ops = as_operand(quantize(a[:, :tokens // experts] if layout == "2d2d" else a[:32], fmt, 1), 1, "a"), \

@@ -14,6 +14,10 @@ stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks
 of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
 amax nor the product. Rows past the last offset are zero.
 
+An unquantized product (``exact`` on bf16 operands, or ``bf16``) with a bf16 output runs torch's own grouped GEMM
+where that reads the offsets on the device (``grouped_torch``: sm_90 and sm_100, aligned operands), else one
+``torch.mm`` (``exact``) or bf16 ``dispatch.scaled_mm`` per group, or per batch item for 3d x 3d.
+
 A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch``: its token groups and expert
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
 then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``, the bounds read on
@@ -31,6 +35,7 @@ import torch
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped_dispatch import group_bounds
+from autoprec.kernels.grouped_torch import torch_grouped_mm, torch_grouped_problem
 from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantized import QuantizedTensor
@@ -50,14 +55,18 @@ def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
 
 
 def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, dtypes: tuple[torch.dtype, ...],
-                     k, tile2d_b: bool, out_dtype: torch.dtype) -> str | None:
-    """Why ``grouped_mm`` in ``fmt`` on operands of ``dtypes`` (reduction ``k`` for 2d x 3d) reads a device value on
-    the host on a GPU of this compute capability (None: not a GPU), or None where it reads none (the quantized
-    one-launch paths of sm_90 in auto mode), so that a CUDA graph can capture it."""
-    if fmt == EXACT or not get_format(fmt).quantized:
-        return f"a {fmt} grouped product runs one GEMM per group"
+                     shapes: tuple[tuple, ...], tile2d_b: bool, out_dtype: torch.dtype) -> str | None:
+    """Why ``grouped_mm`` in ``fmt`` on operands of these dtypes and shapes reads a device value on the host on a GPU
+    of this compute capability (None: not a GPU), or None where it reads none (unquantized products on torch's
+    grouped GEMM or batched, the quantized one-launch paths of sm_90 in auto mode), so that a CUDA graph can
+    capture it."""
     if capability is None:
         return "not a CUDA device"
+    if fmt == EXACT or not get_format(fmt).quantized:
+        if layout == "3d3d":  # one product per batch item where torch's kernel does not take it: nothing to read
+            return None
+        why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes)
+        return why and f"a {fmt} grouped product runs one GEMM per group: {why}"
     if capability >= NATIVE_CAPABILITY:
         return "sm_100's native grouped GEMM lays out each group's scales from the group bounds"
     if kernel_mode() != "auto":
@@ -68,6 +77,7 @@ def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, 
         return "a 3d x 3d product quantizes its batch items one by one"
     if layout == "2d2d" and tile2d_b:
         return "a 2d x 2d product with 16x16 tiles runs per group"
+    k = shapes[0][-1]
     if layout == "2d3d" and (not isinstance(k, int) or k % get_format(fmt).block_size):
         return f"a reduction of {k}, not whole blocks, is padded group by group"
     return None
@@ -130,6 +140,9 @@ def grouped_mm(
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), path, out_dtype, rounding_a=rounding_a,
                                          rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,
                                          rht_signs=rht_signs)
+    if not blocked and torch_grouped_problem(dispatch.device_capability(a.device), layout, fmt == EXACT,
+                                             (a.dtype, b.dtype), out_dtype, (a.shape, b.shape)) is None:
+        return torch_grouped_mm(a, b, offs, layout)
     every = _groups(a, b, offs, layout)
     sizes = [ag.shape[1 if layout == "2d2d" else 0] for _, _, ag, _ in every]  # tokens per group
     groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]

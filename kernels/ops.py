@@ -182,7 +182,8 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
 # The grouped op reads its group offsets on the host on most paths (grouped.host_read_reason), which a CUDA graph
 # cannot capture: the tag makes inductor's mode="reduce-overhead" leave its graphs uncaptured (or, with graph
 # partitions, run the op between captured parts) instead of failing inside the capture. The rewrite emits the same
-# op without the tag, ``grouped_mm_on_device``, where the reason is None (sm_90's quantized one-launch paths).
+# op without the tag, ``grouped_mm_on_device``, where the reason is None (bf16 products on torch's grouped GEMM, sm_90's
+# quantized one-launch paths).
 @_op(tags=(torch.Tag.cudagraph_unsafe,))
 def grouped_mm(
     a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,
@@ -195,7 +196,7 @@ def grouped_mm(
     if a.is_cuda and torch.cuda.is_current_stream_capturing():
         layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
         why = grouped.host_read_reason(dispatch.device_capability(a.device), layout, fmt, (a.dtype, b.dtype),
-                                       a.shape[-1], tile2d_b, out_dtype)
+                                       (a.shape, b.shape), tile2d_b, out_dtype)
         if why:
             raise RuntimeError(f"autoprec grouped_mm inside a CUDA graph capture would read the host: {why}")
     return grouped.grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b,

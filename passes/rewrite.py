@@ -73,8 +73,8 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
             cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, out_dtype)
     a, b = mm.a.meta["val"], mm.b.meta["val"]
-    why = host_read_reason(dispatch.device_capability(a.device), mm.layout, fmt, (a.dtype, b.dtype), a.shape[-1],
-                           cfg["tile2d_b"], out_dtype)
+    why = host_read_reason(dispatch.device_capability(a.device), mm.layout, fmt, (a.dtype, b.dtype),
+                           (a.shape, b.shape), cfg["tile2d_b"], out_dtype)
     op = autoprec_ops.grouped_mm if why else autoprec_ops.grouped_mm_on_device
     return add_like(graph, op.default, args, node, tag)
 

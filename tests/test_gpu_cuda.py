@@ -146,6 +146,34 @@ def test_gpu_grouped_wgrad_matches_reference(monkeypatch, fmt):
                                    atol=1e-3 * want[g].float().abs().max().item())
 
 
+@pytest.mark.parametrize("fmt", ["exact", "bf16"])
+def test_gpu_bf16_experts_gemms_run_torch_grouped_mm(fmt):
+    """Unquantized experts GEMMs on sm_90 / sm_100: torch's grouped GEMM (its CUTLASS kernel) with the offsets on
+    the device, never waiting for the GPU, against the per-group loop on the CPU; the rows past the last offset and
+    the empty expert's wgrad exactly zero (torch leaves them undefined)."""
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("torch's grouped GEMM reads the offsets on the host below sm_90")
+    gen = torch.Generator().manual_seed(8)
+    offs = torch.tensor([40, 40, 300, 333, 512], dtype=torch.int32)
+    x, w = torch.randn(520, 256, generator=gen).bfloat16(), torch.randn(5, 256, 192, generator=gen).bfloat16()
+    dy = torch.randn(520, 192, generator=gen).bfloat16()
+    cases = ((x, w), (x.t(), dy), (dy, w.transpose(-2, -1)))  # fprop, wgrad, dgrad (a transposed weight view)
+    want = [grouped_mm(a, b, offs, fmt, out_dtype=torch.bfloat16) for a, b in cases]
+    gpu = [(a.cuda(), b.cuda()) for a, b in cases]
+    offs = offs.cuda()
+    grouped_mm(*gpu[0], offs, fmt, out_dtype=torch.bfloat16)  # loads the kernel outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = [grouped_mm(a, b, offs, fmt, out_dtype=torch.bfloat16) for a, b in gpu]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    got = [g.cpu() for g in got]
+    assert not got[0][512:].any() and not got[1][1].any() and not got[2][512:].any()
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.float(), e.float(), rtol=2**-7, atol=1e-2 * e.float().abs().max().item())
+
+
 def test_gpu_mxfp8_scales_outside_bf16_are_recomputed_in_fp32(monkeypatch):
     """The decoded path flags the values bf16 does not hold on the device and its fp32 kernel recomputes."""
     gen = torch.Generator().manual_seed(4)
@@ -299,16 +327,17 @@ class _Experts(torch.nn.Module):
         return torch.nn.functional.grouped_mm(h, self.w_out, offs=offs).float().square().mean()
 
 
-def test_gpu_reduce_overhead_captures_expert_graphs_on_sm90(fresh_dynamo):
+@pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
+def test_gpu_reduce_overhead_captures_expert_graphs_on_sm90(fresh_dynamo, recipe):
     """mode="reduce-overhead" on experts: on sm_90 the quantized grouped products read nothing on the host, so the
     rewrite emits the untagged op and inductor captures every graph; on sm_100 the native grouped GEMM reads the
-    group bounds, and the ``cudagraph_unsafe`` tag makes inductor skip those graphs. Training runs, and its
-    gradients equal those without the mode."""
+    group bounds, and the ``cudagraph_unsafe`` tag makes inductor skip those graphs. bf16 experts (torch's grouped
+    GEMM) are captured on both. Training runs, and its gradients equal those without the mode."""
     def grads(mode: str | None) -> list[torch.Tensor]:
         torch._dynamo.reset()
         torch.manual_seed(0)
         model = _Experts().cuda().bfloat16()
-        options = {"recipe": "nvfp4", "inner": "inductor"} | ({"mode": mode} if mode else {})
+        options = {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode else {})
         compiled = torch.compile(model, backend="autoprec", options=options)
         x = torch.randn(256, 64, generator=torch.Generator().manual_seed(1)).cuda().bfloat16()
         offs = torch.tensor([64, 64, 200, 256], dtype=torch.int32, device="cuda")
@@ -320,6 +349,6 @@ def test_gpu_reduce_overhead_captures_expert_graphs_on_sm90(fresh_dynamo):
     torch._dynamo.utils.counters.clear()
     graphed = grads("reduce-overhead")
     skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-    assert skips == 0 if torch.cuda.get_device_capability() < (10, 0) else skips >= 1
+    assert skips == 0 if recipe == "bf16" or torch.cuda.get_device_capability() < (10, 0) else skips >= 1
     for g, e in zip(graphed, grads(None)):
         assert torch.equal(g, e)

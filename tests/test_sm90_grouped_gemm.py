@@ -9,8 +9,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from test_no_host_sync import HostReads
-
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped import host_read_reason
@@ -20,6 +18,7 @@ from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, qu
 from autoprec.kernels.quantized import QuantizedGroups
 
 from helpers import to_device
+from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # an empty first group, a group across the 64- and 128-row tiles, a one-row group, rows past the last offset
@@ -132,22 +131,28 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
     ((9, 0), "2d2d", "nvfp4", 64, True, torch.bfloat16, "16x16 tiles"),
     ((9, 0), "3d3d", "nvfp4", 64, False, torch.bfloat16, "3d x 3d"),
     ((9, 0), "2d3d", "nvfp4", 40, False, torch.bfloat16, "not whole blocks"),
-    ((9, 0), "2d3d", "bf16", 64, False, torch.bfloat16, "a bf16 grouped product"),
+    ((9, 0), "2d3d", "bf16", 64, False, torch.bfloat16, None),  # torch's grouped GEMM
+    ((9, 0), "2d3d", "bf16", 64, False, torch.float32, "a bf16 grouped product runs one GEMM per group"),
     ((9, 0), "2d3d", "nvfp4", 64, False, torch.float16, "run per group"),
     ((10, 0), "2d3d", "nvfp4", 64, False, torch.bfloat16, "native grouped GEMM"),
     (None, "2d3d", "nvfp4", 64, False, torch.bfloat16, "not a CUDA device"),
 ])
 def test_sm90_grouped_op_reads_the_host_only_where_it_says(capability, layout, fmt, k, tile2d_b, out_dtype, why):
-    reason = host_read_reason(capability, layout, fmt, (torch.bfloat16, torch.bfloat16), k, tile2d_b, out_dtype)
+    shapes = {"2d3d": ((96, k), (4, k, 64)), "2d2d": ((32, k), (k, 64)), "3d3d": ((4, 96, k), (4, k, 64))}[layout]
+    reason = host_read_reason(capability, layout, fmt, (torch.bfloat16, torch.bfloat16), shapes, tile2d_b, out_dtype)
     assert reason is None if why is None else why in reason
 
 
-@pytest.mark.parametrize("capability,capturable", [((9, 0), True), ((10, 0), False)], ids=["sm90", "sm100"])
-def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, fresh_dynamo, capability,
+@pytest.mark.parametrize("recipe,capability,capturable", [
+    ("nvfp4", (9, 0), True), ("nvfp4", (10, 0), False), ("bf16", (9, 0), True), ("bf16", (10, 0), True),
+    ("bf16", (8, 0), False)], ids=["nvfp4-sm90", "nvfp4-sm100", "bf16-sm90", "bf16-sm100", "bf16-sm80"])
+def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, fresh_dynamo, recipe, capability,
                                                                    capturable):
-    """Compiled as for an sm_90 GPU (its capability stood in for), an MoE block's quantized experts GEMMs (fprop,
-    dgrad, wgrad) become ``grouped_mm_on_device``, without the tag that keeps inductor's reduce-overhead mode from
-    capturing a graph; for sm_100, whose native grouped GEMM reads the group bounds, the tagged op."""
+    """Compiled as for a GPU of a given capability (stood in for), an MoE block's experts GEMMs (fprop, dgrad, wgrad)
+    become ``grouped_mm_on_device``, without the tag that keeps inductor's reduce-overhead mode from capturing a
+    graph, where they read nothing on the host: quantized on sm_90, in bf16 (torch's grouped GEMM) on sm_90 and
+    sm_100; the tagged op for sm_100's native quantized grouped GEMM, which reads the group bounds, and for bf16
+    below sm_90 (torch's op loops over the groups there)."""
     from test_moe import MoEBlock
 
     from autoprec import backend
@@ -160,7 +165,7 @@ def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, 
     monkeypatch.setattr(rewrite, "dispatch", SimpleNamespace(device_capability=lambda device: capability))
     torch.manual_seed(0)
     model = MoEBlock().bfloat16()
-    compiled = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4"})
+    compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe})
     compiled(torch.randint(0, 16, (95,), generator=torch.Generator().manual_seed(0))).float().pow(2).mean().backward()
     grouped = [n.target for g in graphs for n in g.graph.nodes if "grouped_mm" in str(n.target)]
     assert len(grouped) == 6  # two experts GEMMs: fprop, dgrad, wgrad

@@ -9,8 +9,6 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from test_no_host_sync import HostReads
-
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, quantize_ref, rht_ref
 from autoprec.kernels.grouped import grouped_mm
@@ -20,6 +18,7 @@ from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_grou
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
 from helpers import bits_equal, edge_tensor
+from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STEP = 3
