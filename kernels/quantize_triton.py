@@ -78,18 +78,20 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
     nb = tl.arange(0, BK // 16)
     j16 = tl.arange(0, 16)
     rmask = rows < R
+    r64 = rows.to(tl.int64)  # element offsets in int64: a tensor (or a strided view) may span 2**31 elements
     if RHT:
         y = tl.zeros((BR, BK // 16, 16), tl.float32)
         for j in tl.static_range(16):
             cols = col0 + nb * 16 + j
             mask = rmask[:, None] & (cols < K)[None, :]
-            xj = tl.load(x_ptr + rows[:, None] * s_r + cols[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
+            xj = tl.load(x_ptr + r64[:, None] * s_r + cols.to(tl.int64)[None, :] * s_k, mask=mask,
+                         other=0.0).to(tl.float32)
             mj = tl.load(m_ptr + j * 16 + j16)
             y = y + xj[:, :, None] * mj[None, None, :]
         return y * 0.25
     cols = col0 + nb[:, None] * 16 + j16[None, :]
     mask = rmask[:, None, None] & (cols < K)[None, :, :]
-    ptrs = x_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k
+    ptrs = x_ptr + r64[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
@@ -109,7 +111,8 @@ def _load_rand(rand_ptr, k1, k2, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, B
         bits = sr_hash_bits(idx, a, b)
     else:
         mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
-        bits = tl.load(rand_ptr + rows[:, None, None] * s_r + cols[None, :, :] * s_k, mask=mask, other=0)
+        idx = rows.to(tl.int64)[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
+        bits = tl.load(rand_ptr + idx, mask=mask, other=0)
     return bits
 
 
@@ -210,12 +213,12 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     if TILE2D:
         srows = pid_r * (BR // 16) + tl.arange(0, BR // 16)
         smask = (srows < R // 16)[:, None] & (col0 // 16 + nb < K // 16)[None, :]
-        tl.store(scales_ptr + srows[:, None] * (K // 16) + col0 // 16 + nb[None, :],
+        tl.store(scales_ptr + srows.to(tl.int64)[:, None] * (K // 16) + col0 // 16 + nb[None, :],
                  encode_float8(s_b, 4, 3, 7), mask=smask)
         e_b = tl.reshape(tl.broadcast_to(e_b[:, None, :], (BR // 16, 16, NB)), (BR, NB))
     else:
         smask = (rows < R)[:, None] & (col0 // 16 + nb < K // 16)[None, :]
-        tl.store(scales_ptr + rows[:, None] * (K // 16) + col0 // 16 + nb[None, :],
+        tl.store(scales_ptr + rows.to(tl.int64)[:, None] * (K // 16) + col0 // 16 + nb[None, :],
                  encode_float8(s_b, 4, 3, 7), mask=smask)
 
     rand = 0
@@ -226,7 +229,7 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     packed = (lo | (hi << 4)).to(tl.uint8)
     pcols = col0 // 2 + tl.arange(0, BK // 2)
     pmask = (rows < R)[:, None] & (pcols < K // 2)[None, :]
-    tl.store(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
+    tl.store(codes_ptr + rows.to(tl.int64)[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
 
 
 @triton.autotune(configs=_configs(MXFP8_GPU_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"],
@@ -277,7 +280,7 @@ def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_pt
     nb = tl.arange(0, NB)
     smask = (rows < R)[:, None] & (col0 // 32 + nb < K // 32)[None, :]
     scale_codes = tl.where(bad, 255, e + 127).to(tl.uint8)
-    tl.store(scales_ptr + rows[:, None] * (K // 32) + col0 // 32 + nb[None, :], scale_codes, mask=smask)
+    tl.store(scales_ptr + rows.to(tl.int64)[:, None] * (K // 32) + col0 // 32 + nb[None, :], scale_codes, mask=smask)
 
     rand = 0
     if SR:
@@ -286,7 +289,7 @@ def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_pt
     codes = tl.reshape(codes.to(tl.uint8), (BR, BK))
     cols = col0 + tl.arange(0, BK)
     cmask = (rows < R)[:, None] & (cols < K)[None, :]
-    tl.store(codes_ptr + rows[:, None] * K + cols[None, :], codes, mask=cmask)
+    tl.store(codes_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes, mask=cmask)
 
 
 def _as_matrix(x: torch.Tensor, axis: int) -> torch.Tensor:

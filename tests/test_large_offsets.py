@@ -1,0 +1,57 @@
+"""The quantize kernels address elements past 2**31 (a (tokens, vocab) logits gradient of 16k x 152k has 2.5e9):
+offsets are int64, where int32 ones wrap and read or write outside the tensor. Checked on strided views whose
+rows lie 2**26 elements apart over a 4 GiB allocation, of which only the rows read are touched: each quantization
+equals that of the view's contiguous copy, bit for bit. Run in a subprocess, since a wrapped offset crashes the
+Triton interpreter instead of failing."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = r'''
+import torch
+from autoprec.formats import get_format
+from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
+from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
+from autoprec.kernels.quantize_triton import quantize_triton
+from autoprec.kernels.random_bits import StepStream
+
+ROWS, K, STRIDE = 48, 64, 1 << 26  # rows 32 and on start past 2**31 elements
+store = torch.empty(STRIDE * (ROWS - 1) + K, dtype=torch.bfloat16)
+x = store.as_strided((ROWS, K), (STRIDE, 1))
+x.copy_(torch.randn(ROWS, K, generator=torch.Generator().manual_seed(0)))
+dense = x.contiguous()
+offs, step = torch.tensor([20, 20, 45], dtype=torch.int32), torch.tensor(2)
+
+
+def same(a, b):
+    a, b = (t if isinstance(t, (tuple, list)) else (t.codes, t.scales, t.tensor_scale) for t in (a, b))
+    return all((u is None and v is None) or torch.equal(u.view(torch.uint8) if u.dtype != torch.float32 else u,
+                                                        v.view(torch.uint8) if v.dtype != torch.float32 else v)
+               for u, v in zip(a, b))
+
+
+bad = []
+for fmt in ("nvfp4", "mxfp8"):
+    f = get_format(fmt)
+    cases = {
+        "rows": lambda v: quantize_triton(v, f, 1),
+        "columns, SR, RHT": lambda v: quantize_triton(v, f, 0, seed=StepStream(7, step), rht=True),
+        "token groups, SR": lambda v: quantize_row_groups_triton(v, f, offs, seed=3, step=step),
+        "K groups, SR, RHT": lambda v: quantize_k_groups_triton(v, f, 0, offs, seed=3, step=step, rht=True)[:3],
+    }
+    for name, fn in cases.items():
+        if not same(fn(x), fn(dense)):
+            bad.append(f"{fmt} {name}")
+print("MISMATCH " + ", ".join(bad) if bad else "OK")
+'''
+
+
+def test_quantizers_address_elements_past_2_31():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"rc {run.returncode} (-11: a wrapped offset read outside the tensor)\n{run.stderr}"
+    assert run.stdout.strip().splitlines()[-1] == "OK"
