@@ -1,6 +1,6 @@
 """The quantize kernels address elements past 2**31 (a (tokens, vocab) logits gradient of 16k x 152k has 2.5e9):
 offsets are int64, where int32 ones wrap and read or write outside the tensor. Checked on strided views whose
-rows lie 2**26 elements apart over a 4 GiB allocation, of which only the rows read are touched: each quantization
+rows lie 2**26 elements apart over a 4.4 GB allocation, of which only the rows read are touched: each quantization
 equals that of the view's contiguous copy, bit for bit. Run in a subprocess, since a wrapped offset crashes the
 Triton interpreter instead of failing."""
 import os
@@ -19,12 +19,16 @@ from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
 from autoprec.kernels.quantize_triton import quantize_triton
 from autoprec.kernels.random_bits import StepStream
 
-ROWS, K, STRIDE = 48, 64, 1 << 26  # rows 32 and on start past 2**31 elements
-store = torch.empty(STRIDE * (ROWS - 1) + K, dtype=torch.bfloat16)
+ROWS, K, STRIDE = 34, 64, 1 << 26  # rows 32 and 33 start past 2**31 elements
+try:
+    store = torch.empty(STRIDE * (ROWS - 1) + K, dtype=torch.bfloat16)  # 4.4 GB of address space
+except RuntimeError as e:
+    print(f"SKIP no 4.4 GB allocation here: {e}")
+    raise SystemExit
 x = store.as_strided((ROWS, K), (STRIDE, 1))
 x.copy_(torch.randn(ROWS, K, generator=torch.Generator().manual_seed(0)))
 dense = x.contiguous()
-offs, step = torch.tensor([20, 20, 45], dtype=torch.int32), torch.tensor(2)
+offs, step = torch.tensor([12, 12, 34], dtype=torch.int32), torch.tensor(2)
 
 
 def same(a, b):
@@ -54,4 +58,7 @@ def test_quantizers_address_elements_past_2_31():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"rc {run.returncode} (-11: a wrapped offset read outside the tensor)\n{run.stderr}"
-    assert run.stdout.strip().splitlines()[-1] == "OK"
+    last = run.stdout.strip().splitlines()[-1]
+    if last.startswith("SKIP"):
+        pytest.skip(last[5:])
+    assert last == "OK"
