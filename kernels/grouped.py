@@ -22,9 +22,10 @@ A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatc
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
 then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``, the bounds read on
 the host to lay out the scales), else by one Triton launch for every group that reads the offsets on the device
-(``grouped_mm_triton``). A 2d x 2d product (wgrad) where no native grouped GEMM could run it (sm_90, the
-interpreter) is one K-grouped quantization per operand (``quantize_k_groups_triton``: each group padded on the
-device) and one Triton launch, nothing read on the host either. Other products quantize group by group with the
+(``grouped_mm_triton``). A 2d x 2d product (wgrad) that no native grouped GEMM runs is one K-grouped quantization
+per operand (``quantize_k_groups_triton``: each group padded on the device) and one Triton launch: on sm_90 and in
+the interpreter with nothing read on the host; on sm_100 where the group sizes, read on the host, are not
+multiples of 32 (or the format E5M2, the output fp32). Other products quantize group by group with the
 bounds read on the host, and run as one native grouped GEMM (sm_100 and later, 2d x 2d where every group is a
 multiple of 32 tokens, as torchtitan pads them) or one ``dispatch.scaled_mm`` per group.
 """
@@ -68,7 +69,7 @@ def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, 
         why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes)
         return why and f"a {fmt} grouped product runs one GEMM per group: {why}"
     if capability >= NATIVE_CAPABILITY:
-        return "sm_100's native grouped GEMM lays out each group's scales from the group bounds"
+        return "on sm_100 the group bounds are read on the host (the native grouped GEMM lays out scales from them)"
     if kernel_mode() != "auto":
         return f"AUTOPREC_KERNELS={kernel_mode()}"
     if out_dtype not in grouped_dispatch.ONE_LAUNCH_DTYPES or any(d not in dispatch.TRITON_DTYPES for d in dtypes):
@@ -136,7 +137,8 @@ def grouped_mm(
         qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype)
-    if blocked and layout == "2d2d" and not tile2d_b and (path := grouped_dispatch.wgrad_path(a, b, out_dtype)):
+    if blocked and layout == "2d2d" and not tile2d_b and (
+            path := grouped_dispatch.wgrad_path(a, b, offs, get_format(fmt), out_dtype)):
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), path, out_dtype, rounding_a=rounding_a,
                                          rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,
                                          rht_signs=rht_signs)

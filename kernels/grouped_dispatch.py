@@ -20,7 +20,11 @@ from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.random_bits import group_seed, sr_stream
-from autoprec.kernels.scaled_grouped_mm_native import grouped_native_problem, scaled_grouped_mm_native
+from autoprec.kernels.scaled_grouped_mm_native import (
+    GROUP_MULTIPLE,
+    grouped_native_problem,
+    scaled_grouped_mm_native,
+)
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
 
 ONE_LAUNCH_DTYPES = (torch.float32, torch.bfloat16)
@@ -122,24 +126,39 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
            or grouped_native_problem(layout, a, b, out_dtype, group_sizes or []))
     if why is None:
         return "native_grouped", None
-    # a 2d x 2d product gets here with its groups quantized one by one (the native check needs their sizes)
+    # a 2d x 2d product the native GEMM does not take ran one launch (wgrad_path), unless it was quantized one group
+    # at a time (16x16 tiles) before this check
     return ("decoded_grouped" if fits and layout == "2d3d" else "per_group"), why
 
 
-def wgrad_path(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> str | None:
-    """The one-launch path (``decoded_grouped``, ``triton_grouped``) of an experts wgrad ``a`` (M, T) x ``b`` (T, N),
-    chosen without its group sizes: where Triton runs and no native grouped GEMM could take it (not sm_100 or later
-    in auto mode); None elsewhere (the groups are then quantized one by one, and the sizes choose the path)."""
-    capability = dispatch.device_capability(a.device)
-    if capability is not None and capability >= NATIVE_CAPABILITY and kernel_mode() == "auto":
-        return None
+def wgrad_path(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, out_dtype: torch.dtype
+               ) -> str | None:
+    """The one-launch path (``decoded_grouped``, ``triton_grouped``) of an experts wgrad ``a`` (M, T) x ``b`` (T, N)
+    in ``fmt``, chosen before quantizing: where Triton runs and no native grouped GEMM takes it. On sm_100 and later
+    in auto mode that takes the group sizes, read on the host (as the native path reads them): token groups that
+    are not multiples of 32, E5M2 or a float32 output run the one launch. None where the native GEMM takes it or
+    Triton does not run (the groups are then quantized one by one)."""
     why = (dispatch.quantize_supports(a) or dispatch.quantize_supports(b)
            or (None if out_dtype in ONE_LAUNCH_DTYPES else f"out_dtype {out_dtype} (the kernel writes float32 or "
                                                              "bfloat16)"))
     if not dispatch.use_triton(a.device, why):
         return None
+    capability = dispatch.device_capability(a.device)
+    if capability is not None and capability >= NATIVE_CAPABILITY and kernel_mode() == "auto":
+        sizes = [e - s for s, e in group_bounds(offs, a.shape[1])]
+        k = next((n for n in sizes if n), GROUP_MULTIPLE)  # one group's reduction, as the native check sees it
+        shapes = _unquantized(fmt, a.shape[0], k), _unquantized(fmt, b.shape[1], k)
+        if grouped_gemm_path(capability, "2d2d", *shapes, out_dtype, sizes)[0] == "native_grouped":
+            return None
+        return "decoded_grouped"
     path, _ = grouped_gemm_path(capability, "2d2d", None, None, out_dtype, None)
     return None if path == "per_group" else path
+
+
+def _unquantized(fmt: Format, rows: int, k: int) -> Operand:
+    """An operand with ``fmt`` and a (rows, k) shape but no data yet: what the native check reads before
+    quantizing."""
+    return Operand(fmt, None, None, None, rows, k)
 
 
 def wgrad_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, path: str, out_dtype: torch.dtype, *,

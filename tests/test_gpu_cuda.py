@@ -129,12 +129,13 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
                                    atol=1e-3 * want[s:e].float().abs().max().item())
 
 
+@pytest.mark.parametrize("ends", [[64, 64, 320, 352, 512], [40, 40, 300, 333, 512]], ids=["whole-32", "odd"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
-def test_gpu_grouped_wgrad_matches_reference(monkeypatch, fmt):
-    """Experts' wgrad (2d x 2d, token groups of multiples of 32 and an empty one, SR on both operands): native on
-    sm_100, per group elsewhere, against the reference's per-group loop."""
+def test_gpu_grouped_wgrad_matches_reference(monkeypatch, fmt, ends):
+    """Experts' wgrad (2d x 2d, an empty group, SR on both operands): native on sm_100 where the token groups are
+    multiples of 32, else one launch (K-grouped quantizations), against the reference's per-group loop."""
     gen = torch.Generator().manual_seed(7)
-    offs = torch.tensor([64, 64, 320, 352, 512], dtype=torch.int32)
+    offs = torch.tensor(ends, dtype=torch.int32)
     x, dy = torch.randn(256, 512, generator=gen), torch.randn(512, 192, generator=gen)
     args = dict(rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", seeds=(3, 4), step=1, out_dtype=torch.bfloat16)
     got = grouped_mm(x.cuda(), dy.cuda(), offs.cuda(), fmt, **args).cpu()

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.hadamard_ref import rht_signs
@@ -148,6 +149,43 @@ def test_sm100_native_grouped_wgrad_follows_torch_contract_and_matches_the_per_g
     assert torch.equal(got[1], torch.zeros(80, 48, dtype=torch.bfloat16))
     for g in (0, 2, 3, 4):
         close(got[g], want[g])
+
+
+@pytest.mark.parametrize("fmt,sizes", [("nvfp4", [5, 0, 40, 37]), ("mxfp8_e5m2", [64, 0, 32])],
+                         ids=["nvfp4-odd-groups", "e5m2"])
+def test_sm100_wgrad_the_native_gemm_refuses_runs_one_launch(monkeypatch, fmt, sizes):
+    """On sm_100 (stood in for; Triton in the interpreter) a wgrad whose token groups are not multiples of 32, or
+    in E5M2, runs the one-launch K-grouped path (two quantizations, one grouped GEMM), not a quantization and a
+    GEMM per group; it matches the per-group loop."""
+    gen = torch.Generator().manual_seed(9)
+    offs = offsets(sizes)
+    x, dy = torch.randn(48, int(offs[-1]) + 4, generator=gen), torch.randn(int(offs[-1]) + 4, 32, generator=gen)
+    args = dict(rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", rht_signs=rht_signs(0), seeds=(6, 7), step=1,
+                out_dtype=torch.bfloat16)
+    want = grouped_mm(x, dy, offs, fmt, **args)
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
+    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)  # as on a GPU
+    monkeypatch.setattr(F, "scaled_grouped_mm", lambda *a, **k: pytest.fail("the native grouped GEMM"))
+    monkeypatch.setattr(dispatch, "quantize", lambda *a, **k: pytest.fail("a quantization per group"))
+    got = grouped_mm(x, dy, offs, fmt, **args)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    for g in range(len(sizes)):
+        close(got[g], want[g])
+
+
+@pytest.mark.parametrize("fmt,sizes,out_dtype,path", [
+    ("nvfp4", [64, 0, 32], torch.bfloat16, None), ("mxfp8", [32, 96], torch.bfloat16, None),
+    ("nvfp4", [64, 5, 32], torch.bfloat16, "decoded_grouped"), ("mxfp8", [64, 0, 32], torch.float32, "decoded_grouped"),
+    ("mxfp8_e5m2", [64, 0, 32], torch.bfloat16, "decoded_grouped")])
+def test_sm100_wgrad_path_keeps_what_the_native_gemm_takes(monkeypatch, fmt, sizes, out_dtype, path):
+    """sm_100's wgrad path, chosen before quantizing from the group sizes: None (groups quantized one by one for the
+    native grouped GEMM) where the native GEMM takes the product, else the one launch."""
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
+    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)
+    t = sum(sizes)
+    got = grouped_dispatch.wgrad_path(torch.randn(48, t), torch.randn(t, 32), offsets(sizes), get_format(fmt),
+                                      out_dtype)
+    assert got == path
 
 
 def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
