@@ -66,7 +66,7 @@ def main() -> None:
         for name in names:
             setattr(module, name, _NoLaunch())
     dispatch.gemm_path = lambda capability, a, b: ("decoded", None)  # what an H100/H200 runs
-    grouped_dispatch.grouped_gemm_path = lambda *args: ("decoded_grouped", None)  # 2d x 3d; 2d x 2d: per group
+    grouped_dispatch.grouped_gemm_path = lambda *args: ("decoded_grouped", None)  # as sm_90 runs 2d x 3d, 2d x 2d
     dispatch.quantize_dual = dispatch.quantize_copies  # as on a GPU: two single quantizations
     per_op(args.calls)
     if args.step:

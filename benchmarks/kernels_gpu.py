@@ -208,8 +208,7 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
             group_b = b[0] if layout == "2d3d" else b[:tokens // experts]
             ops = as_operand(quantize(a[:, :tokens // experts] if layout == "2d2d" else a[:32], fmt, 1), 1, "a"), \
                 as_operand(quantize(group_b, fmt, 0), 0, "b")
-            path, why = grouped_dispatch.grouped_gemm_path(device_capability(a.device), layout, *ops, torch.bfloat16,
-                                                           [tokens // experts] * experts)
+            path, why = grouped_dispatch.grouped_gemm_path(device_capability(a.device), layout, *ops, torch.bfloat16)
             run = lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16)  # noqa: E731
             per_group = mock.patch.object(grouped_dispatch, "grouped_gemm_path", lambda *_: ("per_group", "forced"))
             cases = [(f"{fmt} + quantize", contextlib.nullcontext(), path + (f" ({why})" if why else "")),

@@ -20,14 +20,13 @@ where that reads the offsets on the device (``grouped_torch``: sm_90 and sm_100,
 
 A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch``: its token groups and expert
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
-then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``, the bounds read on
-the host to lay out the scales), else by one Triton launch for every group that reads the offsets on the device
-(``grouped_mm_triton``). A 2d x 2d product (wgrad) that no native grouped GEMM runs is one K-grouped quantization
-per operand (``quantize_k_groups_triton``: each group padded on the device) and one Triton launch: on sm_90 and in
-the interpreter with nothing read on the host; on sm_100 where the group sizes, read on the host, are not
-multiples of 32 (or the format E5M2, the output fp32). Other products quantize group by group with the
-bounds read on the host, and run as one native grouped GEMM (sm_100 and later, 2d x 2d where every group is a
-multiple of 32 tokens, as torchtitan pads them) or one ``dispatch.scaled_mm`` per group.
+then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``: the scales laid out
+on the device), else by one Triton launch for every group that reads the offsets on the device
+(``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped quantization per operand on a GPU
+(``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native
+grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read nothing on the host. Other
+products (a reduction that is not whole blocks, 3d x 3d, a 2d x 2d product with 16x16 tiles, the CPU) quantize
+group by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group.
 """
 from __future__ import annotations
 
@@ -38,11 +37,7 @@ from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped_dispatch import group_bounds
 from autoprec.kernels.grouped_torch import torch_grouped_mm, torch_grouped_problem
 from autoprec.kernels.mode import kernel_mode
-from autoprec.kernels.operand import Operand, as_operand
-from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.random_bits import group_seed, sr_stream
-from autoprec.kernels.scaled_grouped_mm_native import scaled_grouped_mm_native
-from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
 
 EXACT = "exact"  # the product in the operands' dtype, as the traced op computes it
 
@@ -59,8 +54,8 @@ def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, 
                      shapes: tuple[tuple, ...], tile2d_b: bool, out_dtype: torch.dtype) -> str | None:
     """Why ``grouped_mm`` in ``fmt`` on operands of these dtypes and shapes reads a device value on the host on a GPU
     of this compute capability (None: not a GPU), or None where it reads none (unquantized products on torch's
-    grouped GEMM or batched, the quantized one-launch paths of sm_90 in auto mode), so that a CUDA graph can
-    capture it."""
+    grouped GEMM or batched, the quantized grouped paths of sm_90 and sm_100 in auto mode), so that a CUDA graph
+    can capture it."""
     if capability is None:
         return "not a CUDA device"
     if fmt == EXACT or not get_format(fmt).quantized:
@@ -68,8 +63,6 @@ def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, 
             return None
         why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes)
         return why and f"a {fmt} grouped product runs one GEMM per group: {why}"
-    if capability >= NATIVE_CAPABILITY:
-        return "on sm_100 the group bounds are read on the host (the native grouped GEMM lays out scales from them)"
     if kernel_mode() != "auto":
         return f"AUTOPREC_KERNELS={kernel_mode()}"
     if out_dtype not in grouped_dispatch.ONE_LAUNCH_DTYPES or any(d not in dispatch.TRITON_DTYPES for d in dtypes):
@@ -138,7 +131,7 @@ def grouped_mm(
                                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype)
     if blocked and layout == "2d2d" and not tile2d_b and (
-            path := grouped_dispatch.wgrad_path(a, b, offs, get_format(fmt), out_dtype)):
+            path := grouped_dispatch.wgrad_path(a, b, get_format(fmt), out_dtype)):
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), path, out_dtype, rounding_a=rounding_a,
                                          rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,
                                          rht_signs=rht_signs)
@@ -146,7 +139,6 @@ def grouped_mm(
                                              (a.dtype, b.dtype), out_dtype, (a.shape, b.shape)) is None:
         return torch_grouped_mm(a, b, offs, layout)
     every = _groups(a, b, offs, layout)
-    sizes = [ag.shape[1 if layout == "2d2d" else 0] for _, _, ag, _ in every]  # tokens per group
     groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]
     if not blocked:
         out = a.new_zeros(shape, dtype=out_dtype)
@@ -162,25 +154,10 @@ def grouped_mm(
         qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
         quantized.append((g, slot, qa, qb))
-    if quantized and _native_grouped(a.device, layout, *quantized[0][2:], out_dtype, sizes):
-        parts: list[list[Operand | None]] = [[None] * len(sizes), [None] * len(sizes)]
-        for g, _, qa, qb in quantized:
-            parts[0][g], parts[1][g] = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
-        return scaled_grouped_mm_native(layout, *parts, offs, shape)
     out = a.new_zeros(shape, dtype=out_dtype)
     for _, slot, qa, qb in quantized:
         out[slot] = dispatch.scaled_mm(qa, qb, None, out_dtype)
     return out
-
-
-def _native_grouped(device: torch.device, layout: str, qa: QuantizedTensor, qb: QuantizedTensor,
-                    out_dtype: torch.dtype, sizes: list[int]) -> bool:
-    """Whether one native grouped GEMM runs the groups (of ``sizes`` tokens) of which ``qa`` and ``qb`` are one
-    (``grouped_dispatch.grouped_gemm_path``)."""
-    operands = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
-    path, _ = grouped_dispatch.grouped_gemm_path(dispatch.device_capability(device), layout, *operands, out_dtype,
-                                                 sizes)
-    return path == "native_grouped"
 
 
 def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,12 +2,13 @@
 (every token group, every expert weight, a wgrad's token groups along the reduction) and the grouped products of
 quantized groups.
 
-``grouped_gemm_path`` picks: ``native_grouped`` (sm_100 and later, one ``torch.nn.functional.scaled_grouped_mm``),
-else one Triton launch for every group with the offsets read on the device (``grouped_mm_triton``:
-``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or with ``AUTOPREC_KERNELS=triton``) for
-2d x 3d, and for 2d x 2d where it is chosen before quantizing (``wgrad_path``: no native GEMM possible), else
-``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read on the host). Where Triton does not run
-(CPU), every group is quantized and multiplied on its own.
+``grouped_gemm_path`` picks: ``native_grouped`` (sm_100 and later, one ``torch.nn.functional.scaled_grouped_mm``
+on the grouped quantizers' buffers), else one Triton launch for every group (``grouped_mm_triton``:
+``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or with ``AUTOPREC_KERNELS=triton``), else
+``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read on the host). A wgrad's path is chosen
+before quantizing (``wgrad_path``), since the K-grouped quantization feeds both the native and the Triton path.
+None of the grouped paths but ``per_group`` reads the offsets on the host. Where Triton does not run (CPU), every
+group is quantized and multiplied on its own.
 """
 from __future__ import annotations
 
@@ -20,11 +21,7 @@ from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.random_bits import group_seed, sr_stream
-from autoprec.kernels.scaled_grouped_mm_native import (
-    GROUP_MULTIPLE,
-    grouped_native_problem,
-    scaled_grouped_mm_native,
-)
+from autoprec.kernels.scaled_grouped_mm_native import experts_native, grouped_native_problem, wgrad_native
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
 
 ONE_LAUNCH_DTYPES = (torch.float32, torch.bfloat16)
@@ -108,11 +105,11 @@ def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor
 
 
 def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
-                      out_dtype: torch.dtype, group_sizes: list[int] | None) -> tuple[str, str | None]:
+                      out_dtype: torch.dtype) -> tuple[str, str | None]:
     """How a quantized grouped (experts) GEMM runs on a GPU of this compute capability (None: the Triton
-    interpreter), given one group's operands (every group shares their formats and the dims not grouped) and
-    the token count of every group (needed for 2d x 2d only), and why not natively: ``native_grouped``,
-    ``decoded_grouped``, ``triton_grouped`` or ``per_group`` (see the module doc)."""
+    interpreter), given one group's operands or shape-only stand-ins (every group shares their formats and the
+    dims not grouped), and why not natively: ``native_grouped``, ``decoded_grouped``, ``triton_grouped`` or
+    ``per_group`` (see the module doc)."""
     fits = layout in ("2d3d", "2d2d") and out_dtype in ONE_LAUNCH_DTYPES
     mode = kernel_mode()
     if capability is None or mode == "triton":
@@ -122,41 +119,31 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
         return "per_group", f"AUTOPREC_KERNELS={mode}"
     if capability < NATIVE_CAPABILITY:
         return ("decoded_grouped" if fits else "per_group"), f"sm_{capability[0]}{capability[1]}"
-    why = (dispatch.torch_api_problem("scaled_grouped_mm")
-           or grouped_native_problem(layout, a, b, out_dtype, group_sizes or []))
+    why = dispatch.torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype)
     if why is None:
         return "native_grouped", None
-    # a 2d x 2d product the native GEMM does not take ran one launch (wgrad_path), unless it was quantized one group
-    # at a time (16x16 tiles) before this check
-    return ("decoded_grouped" if fits and layout == "2d3d" else "per_group"), why
+    return ("decoded_grouped" if fits else "per_group"), why
 
 
-def wgrad_path(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, out_dtype: torch.dtype
-               ) -> str | None:
-    """The one-launch path (``decoded_grouped``, ``triton_grouped``) of an experts wgrad ``a`` (M, T) x ``b`` (T, N)
-    in ``fmt``, chosen before quantizing: where Triton runs and no native grouped GEMM takes it. On sm_100 and later
-    in auto mode that takes the group sizes, read on the host (as the native path reads them): token groups that
-    are not multiples of 32, E5M2 or a float32 output run the one launch. None where the native GEMM takes it or
-    Triton does not run (the groups are then quantized one by one)."""
+def wgrad_path(a: torch.Tensor, b: torch.Tensor, fmt: Format, out_dtype: torch.dtype) -> str | None:
+    """The path of an experts wgrad ``a`` (M, T) x ``b`` (T, N) in ``fmt`` that K-grouped quantization feeds
+    (``native_grouped``, ``decoded_grouped``, ``triton_grouped``), chosen before quantizing: where Triton runs; None
+    elsewhere (the groups are then quantized and multiplied one by one)."""
     why = (dispatch.quantize_supports(a) or dispatch.quantize_supports(b)
            or (None if out_dtype in ONE_LAUNCH_DTYPES else f"out_dtype {out_dtype} (the kernel writes float32 or "
                                                              "bfloat16)"))
     if not dispatch.use_triton(a.device, why):
         return None
-    capability = dispatch.device_capability(a.device)
-    if capability is not None and capability >= NATIVE_CAPABILITY and kernel_mode() == "auto":
-        sizes = [e - s for s, e in group_bounds(offs, a.shape[1])]
-        k = next((n for n in sizes if n), GROUP_MULTIPLE)  # one group's reduction, as the native check sees it
-        shapes = _unquantized(fmt, a.shape[0], k), _unquantized(fmt, b.shape[1], k)
-        if grouped_gemm_path(capability, "2d2d", *shapes, out_dtype, sizes)[0] == "native_grouped":
-            return None
-        return "decoded_grouped"
-    path, _ = grouped_gemm_path(capability, "2d2d", None, None, out_dtype, None)
+    from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD
+
+    # every K-grouped group is whole multiples of GROUP_PAD tokens: what the native check reads of one
+    shapes = _unquantized(fmt, a.shape[0], GROUP_PAD), _unquantized(fmt, b.shape[1], GROUP_PAD)
+    path, _ = grouped_gemm_path(dispatch.device_capability(a.device), "2d2d", *shapes, out_dtype)
     return None if path == "per_group" else path
 
 
 def _unquantized(fmt: Format, rows: int, k: int) -> Operand:
-    """An operand with ``fmt`` and a (rows, k) shape but no data yet: what the native check reads before
+    """An operand with ``fmt`` and a (rows, k) shape but no data yet: what the path checks read before
     quantizing."""
     return Operand(fmt, None, None, None, rows, k)
 
@@ -164,9 +151,9 @@ def _unquantized(fmt: Format, rows: int, k: int) -> Operand:
 def wgrad_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, path: str, out_dtype: torch.dtype, *,
              rounding_a: str, rounding_b: str, seeds: tuple[int, int], step: torch.Tensor | int, scale_mode: str,
              rht: bool, rht_signs: torch.Tensor | None) -> torch.Tensor:
-    """The experts' wgrad (E, M, N) of ``a`` (M, T) and ``b`` (T, N), token groups ending at ``offs``, on the
-    one-launch ``path`` (``wgrad_path``): both operands quantized along the tokens by one K-grouped quantization
-    each (each group zero-padded to whole blocks, its own tensor scale and SR stream), then one grouped GEMM."""
+    """The experts' wgrad (E, M, N) of ``a`` (M, T) and ``b`` (T, N), token groups ending at ``offs``, on ``path``
+    (``wgrad_path``): both operands quantized along the tokens by one K-grouped quantization each (each group
+    zero-padded to whole blocks, its own tensor scale and SR stream), then one grouped GEMM (native, or Triton)."""
     from autoprec.kernels.grouped_mm_triton import grouped_wgrad_decoded, grouped_wgrad_tc_triton
     from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
 
@@ -176,6 +163,8 @@ def wgrad_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, 
             x, fmt, axis, offs, seed=seed if rounding == "sr" else None, step=_device_step(step, x.device),
             scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
         ops.append(Operand(fmt, codes, scales, ts, codes.shape[0], scales.shape[1] * fmt.block_size))
+    if path == "native_grouped":
+        return wgrad_native(*ops, ends, offs)
     run = grouped_wgrad_decoded if path == "decoded_grouped" else grouped_wgrad_tc_triton
     return run(*ops, ends, out_dtype)
 
@@ -201,20 +190,16 @@ def experts_mm(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor, out
     capability = dispatch.device_capability(device)
     path = "per_group"
     if capability is not None or dispatch.use_triton(device, dispatch.scaled_mm_supports(a_op, b_op, out_dtype)):
-        path, _ = grouped_gemm_path(capability, "2d3d", a_op, b_op, out_dtype, None)
+        path, _ = grouped_gemm_path(capability, "2d3d", a_op, b_op, out_dtype)
+    if path == "native_grouped":
+        return experts_native(qa, qb, offs)
     if path in ("decoded_grouped", "triton_grouped"):
         from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded, grouped_mm_tc_triton
 
         run = grouped_mm_decoded if path == "decoded_grouped" else grouped_mm_tc_triton
         return run(a_op, stacked, experts, offs.to(torch.int32), out_dtype)
-    bounds = group_bounds(offs, t)
-    groups = [(g, s, e) for g, (s, e) in enumerate(bounds) if e > s]
-    if path == "native_grouped":
-        parts: list[list[Operand | None]] = [[None] * experts, [None] * experts]
-        for g, s, e in groups:
-            parts[0][g], parts[1][g] = as_operand(qa.group(g, slice(s, e)), 1, "a"), as_operand(qb.group(g), 0, "b")
-        return scaled_grouped_mm_native("2d3d", *parts, offs, (t, n))
     out = torch.zeros(t, n, device=device, dtype=out_dtype)
-    for g, s, e in groups:
-        out[s:e] = dispatch.scaled_mm(qa.group(g, slice(s, e)), qb.group(g), None, out_dtype)
+    for g, (s, e) in enumerate(group_bounds(offs, t)):
+        if e > s:
+            out[s:e] = dispatch.scaled_mm(qa.group(g, slice(s, e)), qb.group(g), None, out_dtype)
     return out

@@ -179,11 +179,11 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
 
 
-# The grouped op reads its group offsets on the host on most paths (grouped.host_read_reason), which a CUDA graph
-# cannot capture: the tag makes inductor's mode="reduce-overhead" leave its graphs uncaptured (or, with graph
-# partitions, run the op between captured parts) instead of failing inside the capture. The rewrite emits the same
-# op without the tag, ``grouped_mm_on_device``, where the reason is None (bf16 products on torch's grouped GEMM, sm_90's
-# quantized one-launch paths).
+# The grouped op reads its group offsets on the host on some paths (grouped.host_read_reason: the CPU loop, products
+# no grouped kernel takes), which a CUDA graph cannot capture: the tag makes inductor's mode="reduce-overhead" leave
+# its graphs uncaptured (or, with graph partitions, run the op between captured parts) instead of failing inside the
+# capture. The rewrite emits the same op without the tag, ``grouped_mm_on_device``, where the reason is None (bf16
+# products on torch's grouped GEMM, the quantized grouped paths of sm_90 and sm_100).
 @_op(tags=(torch.Tag.cudagraph_unsafe,))
 def grouped_mm(
     a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,

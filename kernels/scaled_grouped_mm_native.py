@@ -1,21 +1,23 @@
 """Blackwell's native grouped block-scaled GEMM (sm_100 and later) for experts: ``torch.nn.functional.
-scaled_grouped_mm`` in one launch for every expert, 2d x 3d (fprop, dgrad) and 2d x 2d (wgrad).
+scaled_grouped_mm`` in one launch for every expert, 2d x 3d (fprop, dgrad) and 2d x 2d (wgrad), on the grouped
+quantizers' buffers as they come, with the scales laid out on the device: nothing is read on the host.
 
-The operands are the ones the per-group loop of ``grouped.grouped_mm`` quantizes (each expert's token group
-and weight on their own), laid out as torch's contract for the grouped kernels asks (pytorch's
-``GroupedBlas.cpp``, its block-scale checks and the MSLK grouped kernels it calls, and torchao's MoE scale
-layouts, as read on 2026-12-04). A is row-major, B column-major; codes are FP8 E4M3 or packed
-``float4_e2m1fn_x2``; block scales are each group's scales in ``SWIZZLE_32_4_4`` (``block_scales``), placed one
-group after the other:
+Operands are laid out as torch's contract for the grouped kernels asks (pytorch's ``GroupedBlas.cpp``, its
+block-scale checks and the MSLK grouped kernels it calls, and torchao's MoE scale layouts, which size them for any
+group sizes as here, as read on 2026-12-05). A is row-major, B column-major; codes are FP8 E4M3 or packed
+``float4_e2m1fn_x2``; block scales are in ``SWIZZLE_32_4_4`` (``swizzle.swizzle_scales``), group after group:
 
-- 2d x 3d: A stacks the groups' token rows, (T, K); its scales are each group's (rows, K/block) slab padded to
-  whole 128-row tiles, stacked as one 2D (sum of padded rows, K/block rounded up to 4) tensor. B is each
-  expert's (N, K) codes stacked to (E, N, K) and viewed (E, K, N); its scales one swizzled row per expert.
-  An expert with no tokens has no A rows, and zero codes and scales in B. Rows past the last offset are zeros.
-- 2d x 2d: groups run along the reduction (tokens), so A (M, T) and B (T, N) join the groups' codes along T
-  and their scales chunk after chunk: each group's (M or N, T_g/block) scales swizzled as a whole, (padded
-  M or N, sum of each group's blocks rounded up to 4). Every group's size is a multiple of 32 (no group
-  ends inside a block or a byte). An expert with no tokens gets a zero gradient.
+- 2d x 3d: A is the (T, K) token rows (``quantize_row_groups``); its scales put each group's rows from a multiple
+  of 128 rows (the padded starts a cumsum of each group's size rounded up to 128), the buffer sized for any group
+  sizes, ``ceil(T / 128)·128 + 128·E`` rows. Since 128-row tiles come first in the layout, swizzling the whole
+  buffer gives each group's swizzled slab one after the other. B is every expert's (N, K) codes
+  (``quantize_batches``) viewed (E, K, N); its scales each expert's rows padded to 128 and swizzled, one row per
+  expert. Rows past the last offset are zeroed after the GEMM.
+- 2d x 2d: groups run along the reduction (tokens). A (M, KP) and B (N, KP) are K-grouped
+  (``quantize_k_groups_triton``): each group zero-padded to a multiple of 128 tokens (so of 32, whole MXFP8 blocks
+  and 16-byte runs of NVFP4 codes), the last group taking the trailing zero columns so that the offsets end at
+  KP. Scales go chunk after chunk: each group's (M or N, its blocks) slab swizzled on its own (its 4-column tiles
+  moved on the device from the whole matrix's swizzle). An expert with no tokens gets a zero gradient.
 - NVFP4 also takes one FP32 tensor scale per group for each operand (``TensorWise`` with E values, 1 for an
   empty group); the kernel multiplies a group's accumulator by the product of its two.
 - ``offs``: int32 cumulative group ends; the output is bf16, the only type the grouped kernels write.
@@ -28,17 +30,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autoprec.kernels.grouped_torch import zero_unwritten
 from autoprec.kernels.operand import KIND_NVFP4, Operand
-from autoprec.kernels.scaled_mm_native import block_scales, native_problem
+from autoprec.kernels.quantized import QuantizedGroups
+from autoprec.kernels.scaled_mm_native import native_problem
+from autoprec.kernels.swizzle import TILE_COLS, TILE_ROWS, swizzle_scales
 
-GROUP_MULTIPLE = 32  # a 2d x 2d group's tokens: whole MXFP8 blocks and 16-byte runs of NVFP4 codes
+TILE = TILE_ROWS * TILE_COLS  # scales per swizzled tile
 
 
-def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch.dtype,
-                           group_sizes: list[int]) -> str | None:
+def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
     """Why the native grouped GEMM does not take a grouped product with operands like ``a`` and ``b`` (one
-    group's; every group shares their formats and the dims not grouped) and groups of ``group_sizes`` tokens,
-    None when it does."""
+    group's, or a shape-only stand-in; every group shares their formats and the dims not grouped), None when it
+    does."""
     if layout not in ("2d3d", "2d2d"):
         return f"layout {layout} (the native grouped GEMM runs 2d x 3d and 2d x 2d)"
     if out_dtype != torch.bfloat16:
@@ -47,62 +51,93 @@ def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch
         return "an empty operand"
     if torch.float8_e5m2 in (a.fmt.elem.torch_dtype, b.fmt.elem.torch_dtype):
         return "an E5M2 operand (the native grouped GEMM takes E4M3 codes)"
-    if layout == "2d2d" and (odd := [n for n in group_sizes if n % GROUP_MULTIPLE]):
-        return f"token groups of {odd[0]} (2d x 2d groups must be multiples of {GROUP_MULTIPLE} tokens)"
     return native_problem(a, b)
 
 
-def _padded_scales(op: Operand) -> torch.Tensor:
-    """One group's swizzled block scales as the 2D (padded rows, padded blocks) slab the kernel reads."""
-    return block_scales(op).view(-1, -(-op.k // op.fmt.block_size // 4) * 4)
+def _round_up(x, m: int):
+    return (x + m - 1) // m * m
 
 
-def _stacked_operands(layout: str, a_parts: list[Operand | None], b_parts: list[Operand | None]):
-    """(A codes, A block scales, B codes, B block scales) of the groups, as uint8, laid out for the layout."""
-    a_ops = [op for op in a_parts if op is not None]
-    b_ops = [op for op in b_parts if op is not None]
-    if layout == "2d2d":  # groups joined along the reduction; chunk after chunk of swizzled scales
-        rows = (-(-a_ops[0].rows // 128) * 128, -(-b_ops[0].rows // 128) * 128)
-        return (torch.cat([op.codes.view(torch.uint8) for op in a_ops], 1),
-                torch.cat([block_scales(op).view(torch.uint8) for op in a_ops]).view(rows[0], -1),
-                torch.cat([op.codes.view(torch.uint8) for op in b_ops], 1).t(),
-                torch.cat([block_scales(op).view(torch.uint8) for op in b_ops]).view(rows[1], -1))
-    # an expert with no tokens: zero codes and scales shaped like the others' (each swizzled once)
-    codes_b = [None if op is None else op.codes.view(torch.uint8) for op in b_parts]
-    scales_b = [None if op is None else block_scales(op).view(torch.uint8) for op in b_parts]
-    some = next(i for i, c in enumerate(codes_b) if c is not None)
-    return (torch.cat([op.codes.view(torch.uint8) for op in a_ops]),
-            torch.cat([_padded_scales(op).view(torch.uint8) for op in a_ops]),
-            torch.stack([torch.zeros_like(codes_b[some]) if c is None else c for c in codes_b]).transpose(1, 2),
-            torch.stack([torch.zeros_like(scales_b[some]) if t is None else t for t in scales_b]))
+def _row_group_scales(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Token groups' (T, C) block scales in the 2d x 3d layout (module doc), computed on the device."""
+    t, c = scales.shape
+    experts = offs.shape[0]
+    ends = offs.long()
+    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
+    padded = _round_up(sizes, TILE_ROWS)
+    rows = torch.arange(t, device=scales.device)
+    g = torch.bucketize(rows, ends, right=True)  # each row's group; E past the last offset
+    total = _round_up(t, TILE_ROWS) + TILE_ROWS * experts
+    own = g.clamp(max=experts - 1)
+    dest = torch.where(g < experts, (padded.cumsum(0) - padded)[own] + rows - (ends - sizes)[own], total)
+    slab = scales.view(torch.uint8).new_zeros(total + 1, c).index_copy_(0, dest, scales.view(torch.uint8))
+    return swizzle_scales(slab[:total]).view(total, -1)
 
 
-def scaled_grouped_mm_native(layout: str, a_parts: list[Operand | None], b_parts: list[Operand | None],
-                             offs: torch.Tensor, out_shape: tuple[int, ...]) -> torch.Tensor:
-    """The bf16 grouped product, of shape ``out_shape``, of group g's operands ``a_parts[g]`` (its token rows
-    for 2d x 3d, its token columns for 2d x 2d) and ``b_parts[g]`` (expert g's (N, K) weight, or the group's
-    (N, tokens) gradient), None for an empty group, with ``offs`` the groups' cumulative ends
-    (``grouped_native_problem`` is None for them)."""
-    like = next(op for op in a_parts if op is not None)
-    codes_a, scales_a, codes_b, scales_b = _stacked_operands(layout, a_parts, b_parts)
+def _batch_scales(qb: QuantizedGroups) -> torch.Tensor:
+    """Each expert's (N, K/block) block scales (16x16 tiles repeated over their rows) swizzled, one row per
+    expert: the experts' rows padded to 128 and stacked, then swizzled at once (128-row tiles first)."""
+    experts, _, n = qb.shape
+    scales = qb.scales.view(torch.uint8)
+    if qb.tile_rows > 1:
+        scales = scales.repeat_interleave(qb.tile_rows, 1)[:, :n]
+    scales = F.pad(scales, (0, 0, 0, _round_up(n, TILE_ROWS) - n))
+    return swizzle_scales(scales.reshape(-1, scales.shape[-1])).view(experts, -1)
+
+
+def _k_group_scales(scales: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """K-grouped (R, KP/block) block scales in the 2d x 2d layout (module doc): the whole matrix swizzled, then each
+    4-column tile moved to its group's chunk, on the device. ``ends``: the groups' ends in scale columns, whole
+    tiles, the last at KP/block."""
+    r, c = scales.shape
+    row_tiles, col_tiles = -(-r // TILE_ROWS), c // TILE_COLS
+    tiles = swizzle_scales(scales.view(torch.uint8)).view(row_tiles * col_tiles, TILE)
+    tile_ends = ends.long() // TILE_COLS
+    tile_starts = tile_ends - torch.diff(tile_ends, prepend=tile_ends.new_zeros(1))
+    cols = torch.arange(col_tiles, device=scales.device)
+    g = torch.bucketize(cols, tile_ends, right=True)
+    first, width = tile_starts[g], (tile_ends - tile_starts)[g]
+    rows = torch.arange(row_tiles, device=scales.device)[:, None]
+    dest = first * row_tiles + rows * width + cols - first  # group g's chunk: its (row tile, column tile) order
+    out = torch.empty_like(tiles).index_copy_(0, dest.flatten(), tiles)
+    return out.view(row_tiles * TILE_ROWS, c)
+
+
+def _call(codes_a: torch.Tensor, codes_b: torch.Tensor, scales_a: torch.Tensor, scales_b: torch.Tensor,
+          ts_a: torch.Tensor | None, ts_b: torch.Tensor | None, nvfp4: bool, offs: torch.Tensor) -> torch.Tensor:
+    """``F.scaled_grouped_mm`` on uint8 codes and swizzled uint8 scales, with NVFP4's per-group tensor scales."""
     swizzled = F.SwizzleType.SWIZZLE_32_4_4
-    if like.kind == KIND_NVFP4:
-        def tensor_scales(parts: list[Operand | None]) -> torch.Tensor:
-            one = torch.ones(1, dtype=torch.float32, device=like.codes.device)
-            return torch.cat([one if op is None else op.tensor_scale.float().reshape(1) for op in parts])
-
+    if nvfp4:
         codes_a, codes_b = codes_a.view(torch.float4_e2m1fn_x2), codes_b.view(torch.float4_e2m1fn_x2)
-        scale_a = [scales_a.view(torch.float8_e4m3fn), tensor_scales(a_parts)]
-        scale_b = [scales_b.view(torch.float8_e4m3fn), tensor_scales(b_parts)]
+        scale_a = [scales_a.view(torch.float8_e4m3fn), ts_a.float().contiguous()]
+        scale_b = [scales_b.view(torch.float8_e4m3fn), ts_b.float().contiguous()]
         recipe = [F.ScalingType.BlockWise1x16, F.ScalingType.TensorWise]
         swizzle = [swizzled, F.SwizzleType.NO_SWIZZLE]
     else:
-        codes_a, codes_b = codes_a.view(like.codes.dtype), codes_b.view(like.codes.dtype)
+        codes_a, codes_b = codes_a.view(torch.float8_e4m3fn), codes_b.view(torch.float8_e4m3fn)
         scale_a, scale_b = scales_a.view(torch.float8_e8m0fnu), scales_b.view(torch.float8_e8m0fnu)
         recipe, swizzle = F.ScalingType.BlockWise1x32, swizzled
-    y = F.scaled_grouped_mm(codes_a, codes_b, scale_a, recipe, scale_b, recipe, swizzle, swizzle,
-                            offs=offs.to(torch.int32), output_dtype=torch.bfloat16)
-    if layout == "2d3d":
-        return F.pad(y, (0, 0, 0, out_shape[0] - y.shape[0]))
-    empty = [g for g, op in enumerate(a_parts) if op is None]
-    return y.index_fill(0, torch.tensor(empty, device=y.device), 0.0) if empty else y
+    return F.scaled_grouped_mm(codes_a, codes_b, scale_a, recipe, scale_b, recipe, swizzle, swizzle,
+                               offs=offs.to(torch.int32), output_dtype=torch.bfloat16)
+
+
+def experts_native(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor) -> torch.Tensor:
+    """The (T, N) bf16 experts product (2d x 3d) of token groups ``qa`` (ending at ``offs``) and expert weights
+    ``qb``, rows past the last offset zero (``grouped_native_problem`` is None for them)."""
+    nvfp4 = qa.tensor_scales is not None
+    codes_b = qb.codes.view(torch.uint8).transpose(1, 2)  # (E, K, N) column-major
+    out = _call(qa.codes.view(torch.uint8), codes_b, _row_group_scales(qa.scales, offs), _batch_scales(qb),
+                qa.tensor_scales, qb.tensor_scales, nvfp4, offs)
+    return zero_unwritten(out, offs, "2d3d")
+
+
+def wgrad_native(a: Operand, b: Operand, ends: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The (E, M, N) bf16 experts wgrad (2d x 2d) of K-grouped ``a`` (M, KP) and ``b`` (N, KP) (padded ends
+    ``ends``; ``offs`` the groups' own ends), an empty group's gradient zero."""
+    ends = ends.clone()
+    ends[-1:].fill_(a.k)  # the last group takes the trailing zero columns: the offsets end at KP (a fill, no copy)
+    block = a.fmt.block_size
+    scales = [_k_group_scales(op.scales, ends // block) for op in (a, b)]
+    out = _call(a.codes.view(torch.uint8), b.codes.view(torch.uint8).t(), *scales, a.tensor_scale, b.tensor_scale,
+                a.kind == KIND_NVFP4, ends)
+    return zero_unwritten(out, offs, "2d2d")

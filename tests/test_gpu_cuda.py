@@ -118,7 +118,7 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     args = dict(rounding_a=rounding_a, seeds=(3, 4), step=1, out_dtype=torch.bfloat16)
     qa, qb = (as_operand(quantize_ref(x, fmt, axis), axis, name) for x, axis, name in ((a, 1, "a"), (w[0], 0, "b")))
     capability = torch.cuda.get_device_capability()
-    path, _ = grouped_dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16, None)
+    path, _ = grouped_dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16)
     assert path == ("native_grouped" if capability >= (10, 0) else "decoded_grouped")
     got = grouped_mm(a.cuda(), w.cuda(), offs.cuda(), fmt, **args).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
@@ -132,8 +132,8 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
 @pytest.mark.parametrize("ends", [[64, 64, 320, 352, 512], [40, 40, 300, 333, 512]], ids=["whole-32", "odd"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_gpu_grouped_wgrad_matches_reference(monkeypatch, fmt, ends):
-    """Experts' wgrad (2d x 2d, an empty group, SR on both operands): native on sm_100 where the token groups are
-    multiples of 32, else one launch (K-grouped quantizations), against the reference's per-group loop."""
+    """Experts' wgrad (2d x 2d, an empty group, SR on both operands), K-grouped quantizations then the native grouped
+    GEMM on sm_100, one Triton launch on sm_90, against the reference's per-group loop."""
     gen = torch.Generator().manual_seed(7)
     offs = torch.tensor(ends, dtype=torch.int32)
     x, dy = torch.randn(256, 512, generator=gen), torch.randn(512, 192, generator=gen)
@@ -213,10 +213,8 @@ def test_gpu_quantize_and_matmul_never_wait_for_the_gpu(fmt):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_gpu_experts_gemms_never_wait_for_the_gpu_on_sm90(fmt):
-    """An experts fprop (2d x 3d) and wgrad (2d x 2d, SR and the RHT) in one launch each, on sm_90: the offsets and
-    the step stay on the device (sm_100's native grouped GEMM reads the bounds to lay out its scales)."""
-    if torch.cuda.get_device_capability() >= (10, 0):
-        pytest.skip("sm_100 runs the native grouped GEMM, which reads the group bounds on the host")
+    """An experts fprop (2d x 3d) and wgrad (2d x 2d, SR and the RHT), one grouped GEMM each (Triton on sm_90,
+    native on sm_100, its scales laid out on the device): the offsets and the step stay on the device."""
     x, w = torch.randn(520, 256, device="cuda"), torch.randn(5, 256, 192, device="cuda")
     dy = torch.randn(520, 192, device="cuda")
     offs, step = torch.tensor([40, 40, 300, 333, 512], dtype=torch.int32, device="cuda"), torch.tensor(1).cuda()
@@ -330,10 +328,9 @@ class _Experts(torch.nn.Module):
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
 def test_gpu_reduce_overhead_captures_expert_graphs_on_sm90(fresh_dynamo, recipe):
-    """mode="reduce-overhead" on experts: on sm_90 the quantized grouped products read nothing on the host, so the
-    rewrite emits the untagged op and inductor captures every graph; on sm_100 the native grouped GEMM reads the
-    group bounds, and the ``cudagraph_unsafe`` tag makes inductor skip those graphs. bf16 experts (torch's grouped
-    GEMM) are captured on both. Training runs, and its gradients equal those without the mode."""
+    """mode="reduce-overhead" on experts: on sm_90 and sm_100 the quantized grouped products (Triton's, the native
+    one) and bf16 ones (torch's grouped GEMM) read nothing on the host, so the rewrite emits the untagged op and
+    inductor captures every graph. Training runs, and its gradients equal those without the mode."""
     def grads(mode: str | None) -> list[torch.Tensor]:
         torch._dynamo.reset()
         torch.manual_seed(0)
@@ -350,6 +347,6 @@ def test_gpu_reduce_overhead_captures_expert_graphs_on_sm90(fresh_dynamo, recipe
     torch._dynamo.utils.counters.clear()
     graphed = grads("reduce-overhead")
     skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
-    assert skips == 0 if recipe == "bf16" or torch.cuda.get_device_capability() < (10, 0) else skips >= 1
+    assert skips == 0
     for g, e in zip(graphed, grads(None)):
         assert torch.equal(g, e)

@@ -1,8 +1,9 @@
 """The sm_100 native grouped path: the arguments ``scaled_grouped_mm_native`` gives
 ``torch.nn.functional.scaled_grouped_mm`` (experts' fprop and dgrad, 2d x 3d; wgrad, 2d x 2d), checked against
 torch's contract for the grouped block-scaled kernels (E4M3 or packed FP4 codes, A row-major and B
-column-major, each group's scales swizzled and padded, one NVFP4 tensor scale per group, int32 offsets, bf16
-output) by a stand-in that decodes them; and which path ``grouped_gemm_path`` picks, with its reasons."""
+column-major, each group's scales swizzled and padded, in buffers sized for any group sizes, one NVFP4 tensor
+scale per group, int32 offsets, bf16 output) by a stand-in that decodes them, with nothing read on the host;
+and which path ``grouped_gemm_path`` picks, with its reasons."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.operand import as_operand
 
 from helpers import decode_swizzled
+from test_no_host_sync import HostReads
 
 calls: list[torch.dtype] = []
 
@@ -57,7 +59,9 @@ def fake_scaled_grouped_mm(mat_a, mat_b, scale_a, recipe_a, scale_b, recipe_b, s
         assert mat_b.shape == (groups, mat_a.shape[1], n) and ends[-1] <= mat_a.shape[0]
         cols = round_up(mat_a.shape[1] * pack // block, 4)
         padded = [round_up(e - s, 128) for s, e in bounds]
-        assert scale_a.shape == (sum(padded), cols) and scale_b.shape == (groups, round_up(n, 128) * cols)
+        # rows for any group sizes (torchao sizes them so): each group's from the sum of the padded ones before it
+        assert scale_a.shape[0] >= sum(padded) and scale_a.shape[1] == cols
+        assert scale_b.shape == (groups, round_up(n, 128) * cols)
         out = torch.full((mat_a.shape[0], n), float("nan"), dtype=torch.float64)  # rows in no group: not said
         first = 0
         for g, (s, e) in enumerate(bounds):
@@ -93,7 +97,7 @@ CASES = {  # format, rounding of a, 16x16 weight tiles, RHT
     "mxfp8-dgrad-sr": ("mxfp8", "sr", False, False),
 }
 SIZES = [5, 0, 130, 37, 22]  # an empty expert, one past a 128-row scale tile, groups of odd sizes
-WGRAD_SIZES = [64, 0, 160, 32, 96]  # multiples of 32, one of 5 blocks of 32 (scale chunks padded to 4)
+WGRAD_SIZES = [64, 0, 160, 5, 37]  # groups of any size: each padded to a multiple of 128 tokens
 
 
 def offsets(sizes: list[int]) -> torch.Tensor:
@@ -101,12 +105,16 @@ def offsets(sizes: list[int]) -> torch.Tensor:
 
 
 def native_and_loop(monkeypatch, a, b, offs, fmt, **args):
-    """grouped_mm on the CPU (the per-group loop), then as an sm_100 device runs it (the stand-in)."""
+    """grouped_mm on the CPU (the per-group loop), then as an sm_100 device runs it (the stand-in; Triton's
+    quantizers in the interpreter), reading nothing on the host."""
     want = grouped_mm(a, b, offs, fmt, **args)
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
+    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)  # as on a GPU
     monkeypatch.setattr(F, "scaled_grouped_mm", fake_scaled_grouped_mm)
     calls.clear()
-    got = grouped_mm(a, b, offs, fmt, **args)
+    with HostReads() as rec:
+        got = grouped_mm(a, b, offs, fmt, **args)
+    assert [op for op in rec.found if "scaled_grouped_mm" not in op] == [], rec.found  # the stand-in reads
     assert len(calls) == 1, "one native grouped call for every expert"
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     return got, want
@@ -137,8 +145,8 @@ def test_sm100_native_grouped_fprop_follows_torch_contract_and_matches_the_per_g
 @pytest.mark.parametrize("fmt,rounding", [("nvfp4", "sr"), ("mxfp8", "rne"), ("mxfp8", "sr")])
 def test_sm100_native_grouped_wgrad_follows_torch_contract_and_matches_the_per_group_loop(monkeypatch, fmt,
                                                                                           rounding):
-    """2d x 2d (groups along the tokens, the reduction): SR on both operands and RHT as wgrad runs them, an
-    empty expert's gradient zero, one group 1000x larger than the others."""
+    """2d x 2d (groups along the tokens, the reduction, of any size): SR on both operands and RHT as wgrad runs
+    them, an empty expert's gradient zero, one group 1000x larger than the others."""
     gen = torch.Generator().manual_seed(8)
     offs = offsets(WGRAD_SIZES)
     x, dy = torch.randn(80, int(offs[-1]) + 32, generator=gen), torch.randn(int(offs[-1]) + 32, 48, generator=gen)
@@ -151,17 +159,18 @@ def test_sm100_native_grouped_wgrad_follows_torch_contract_and_matches_the_per_g
         close(got[g], want[g])
 
 
-@pytest.mark.parametrize("fmt,sizes", [("nvfp4", [5, 0, 40, 37]), ("mxfp8_e5m2", [64, 0, 32])],
-                         ids=["nvfp4-odd-groups", "e5m2"])
-def test_sm100_wgrad_the_native_gemm_refuses_runs_one_launch(monkeypatch, fmt, sizes):
-    """On sm_100 (stood in for; Triton in the interpreter) a wgrad whose token groups are not multiples of 32, or
-    in E5M2, runs the one-launch K-grouped path (two quantizations, one grouped GEMM), not a quantization and a
+@pytest.mark.parametrize("fmt,out_dtype", [("mxfp8_e5m2", torch.bfloat16), ("nvfp4", torch.float32)],
+                         ids=["e5m2", "fp32-out"])
+def test_sm100_wgrad_the_native_gemm_refuses_runs_one_launch(monkeypatch, fmt, out_dtype):
+    """On sm_100 (stood in for; Triton in the interpreter) a wgrad the native grouped GEMM does not take (E5M2, an
+    fp32 output) runs the one-launch K-grouped path (two quantizations, one Triton GEMM), not a quantization and a
     GEMM per group; it matches the per-group loop."""
     gen = torch.Generator().manual_seed(9)
+    sizes = [5, 0, 40, 37]
     offs = offsets(sizes)
     x, dy = torch.randn(48, int(offs[-1]) + 4, generator=gen), torch.randn(int(offs[-1]) + 4, 32, generator=gen)
     args = dict(rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", rht_signs=rht_signs(0), seeds=(6, 7), step=1,
-                out_dtype=torch.bfloat16)
+                out_dtype=out_dtype)
     want = grouped_mm(x, dy, offs, fmt, **args)
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
     monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)  # as on a GPU
@@ -173,18 +182,17 @@ def test_sm100_wgrad_the_native_gemm_refuses_runs_one_launch(monkeypatch, fmt, s
         close(got[g], want[g])
 
 
-@pytest.mark.parametrize("fmt,sizes,out_dtype,path", [
-    ("nvfp4", [64, 0, 32], torch.bfloat16, None), ("mxfp8", [32, 96], torch.bfloat16, None),
-    ("nvfp4", [64, 5, 32], torch.bfloat16, "decoded_grouped"), ("mxfp8", [64, 0, 32], torch.float32, "decoded_grouped"),
-    ("mxfp8_e5m2", [64, 0, 32], torch.bfloat16, "decoded_grouped")])
-def test_sm100_wgrad_path_keeps_what_the_native_gemm_takes(monkeypatch, fmt, sizes, out_dtype, path):
-    """sm_100's wgrad path, chosen before quantizing from the group sizes: None (groups quantized one by one for the
-    native grouped GEMM) where the native GEMM takes the product, else the one launch."""
+@pytest.mark.parametrize("fmt,out_dtype,path", [
+    ("nvfp4", torch.bfloat16, "native_grouped"), ("mxfp8", torch.bfloat16, "native_grouped"),
+    ("mxfp8", torch.float32, "decoded_grouped"), ("mxfp8_e5m2", torch.bfloat16, "decoded_grouped"),
+    ("mxfp8", torch.float16, None)])
+def test_sm100_wgrad_path_is_chosen_before_quantizing(monkeypatch, fmt, out_dtype, path):
+    """sm_100's wgrad path, chosen from formats and shapes alone (K-grouped groups are whole multiples of 128
+    tokens, whatever their sizes): native where the native GEMM takes the product, else the one launch, else (an
+    output no grouped kernel writes) None, the per-group loop."""
     monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
     monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)
-    t = sum(sizes)
-    got = grouped_dispatch.wgrad_path(torch.randn(48, t), torch.randn(t, 32), offsets(sizes), get_format(fmt),
-                                      out_dtype)
+    got = grouped_dispatch.wgrad_path(torch.randn(48, 70), torch.randn(70, 32), get_format(fmt), out_dtype)
     assert got == path
 
 
@@ -195,37 +203,36 @@ def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
     return a, b
 
 
-@pytest.mark.parametrize("capability,layout,ops,out_dtype,sizes,path,why", [
-    (None, "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "triton_grouped", "the Triton interpreter"),
-    (None, "2d2d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "triton_grouped", "the Triton interpreter"),
-    (None, "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "per_group", "the Triton interpreter"),
-    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, None, "decoded_grouped", "sm_90"),
-    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float16, None, "per_group", "sm_90"),
-    ((9, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, None, "decoded_grouped", "sm_90"),
-    ((10, 0), "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, [32, 32], "per_group", "layout 3d3d"),
-    ((10, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, [32, 0, 48], "per_group", "token groups of 48"),
-    ((10, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float32, None, "decoded_grouped", "writes bfloat16"),
-    ((10, 0), "2d3d", ("mxfp8", "mxfp8_e5m2"), torch.bfloat16, None, "decoded_grouped", "E5M2"),
-    ((10, 0), "2d3d", ("nvfp4", "mxfp8"), torch.bfloat16, None, "decoded_grouped", "nvfp4 times mxfp8"),
+@pytest.mark.parametrize("capability,layout,ops,out_dtype,path,why", [
+    (None, "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, "triton_grouped", "the Triton interpreter"),
+    (None, "2d2d", ("nvfp4", "nvfp4"), torch.bfloat16, "triton_grouped", "the Triton interpreter"),
+    (None, "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, "per_group", "the Triton interpreter"),
+    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, "decoded_grouped", "sm_90"),
+    ((9, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float16, "per_group", "sm_90"),
+    ((9, 0), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, "decoded_grouped", "sm_90"),
+    ((10, 0), "3d3d", ("nvfp4", "nvfp4"), torch.bfloat16, "per_group", "layout 3d3d"),
+    ((10, 0), "2d2d", ("mxfp8", "mxfp8_e5m2"), torch.bfloat16, "decoded_grouped", "E5M2"),
+    ((10, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float32, "decoded_grouped", "writes bfloat16"),
+    ((10, 0), "2d3d", ("mxfp8", "mxfp8_e5m2"), torch.bfloat16, "decoded_grouped", "E5M2"),
+    ((10, 0), "2d3d", ("nvfp4", "mxfp8"), torch.bfloat16, "decoded_grouped", "nvfp4 times mxfp8"),
 ])
-def test_sm100_grouped_gemm_path_names_why_not_native(capability, layout, ops, out_dtype, sizes, path, why):
-    """Where the native grouped GEMM does not run: one Triton launch (bf16 or fp32 out) for 2d x 3d, and for 2d x 2d
-    where no native path was possible (its groups are then never quantized one by one), the rest per group; the
-    reason names what kept it from the native path."""
-    got, reason = grouped_dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype, sizes)
+def test_sm100_grouped_gemm_path_names_why_not_native(capability, layout, ops, out_dtype, path, why):
+    """Where the native grouped GEMM does not run: one Triton launch (bf16 or fp32 out) for 2d x 3d and 2d x 2d,
+    the rest per group; the reason names what kept it from the native path."""
+    got, reason = grouped_dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype)
     assert got == path and why in reason
 
 
 def test_sm100_grouped_gemm_path_picks_native_and_respects_forced_kernels(monkeypatch):
     bf16 = torch.bfloat16
     path = grouped_dispatch.grouped_gemm_path
-    assert path((10, 0), "2d3d", *operands(), bf16, None) == ("native_grouped", None)
-    assert path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16, [64, 0, 32]) == ("native_grouped", None)
-    bad_k = path((10, 0), "2d3d", *operands(k=48), bf16, None)
+    assert path((10, 0), "2d3d", *operands(), bf16) == ("native_grouped", None)
+    assert path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16) == ("native_grouped", None)
+    bad_k = path((10, 0), "2d3d", *operands(k=48), bf16)
     assert bad_k[0] == "decoded_grouped" and "K=48" in bad_k[1]
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    assert path((10, 0), "2d3d", *operands(), bf16, None) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
-    assert path((10, 0), "2d2d", *operands(), bf16, [32]) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d3d", *operands(), bf16) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d2d", *operands(), bf16) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
 
 
 def test_sm100_paths_need_torch_native_api(monkeypatch):
@@ -233,7 +240,7 @@ def test_sm100_paths_need_torch_native_api(monkeypatch):
     saying why."""
     monkeypatch.delattr(F, "scaled_grouped_mm")
     monkeypatch.delattr(F, "scaled_mm")
-    path, why = grouped_dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16, None)
+    path, why = grouped_dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16)
     assert path == "decoded_grouped" and "no torch.nn.functional.scaled_grouped_mm" in why
     path, why = dispatch.gemm_path((10, 0), *operands())
     assert path == "decoded" and "no torch.nn.functional.scaled_mm" in why

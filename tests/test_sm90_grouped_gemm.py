@@ -134,7 +134,8 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
     ((9, 0), "2d3d", "bf16", 64, False, torch.bfloat16, None),  # torch's grouped GEMM
     ((9, 0), "2d3d", "bf16", 64, False, torch.float32, "a bf16 grouped product runs one GEMM per group"),
     ((9, 0), "2d3d", "nvfp4", 64, False, torch.float16, "run per group"),
-    ((10, 0), "2d3d", "nvfp4", 64, False, torch.bfloat16, "native grouped GEMM"),
+    ((10, 0), "2d3d", "nvfp4", 64, False, torch.bfloat16, None),  # the native grouped GEMM, scales laid out on device
+    ((10, 0), "2d2d", "mxfp8", 64, False, torch.bfloat16, None),
     (None, "2d3d", "nvfp4", 64, False, torch.bfloat16, "not a CUDA device"),
 ])
 def test_sm90_grouped_op_reads_the_host_only_where_it_says(capability, layout, fmt, k, tile2d_b, out_dtype, why):
@@ -144,15 +145,15 @@ def test_sm90_grouped_op_reads_the_host_only_where_it_says(capability, layout, f
 
 
 @pytest.mark.parametrize("recipe,capability,capturable", [
-    ("nvfp4", (9, 0), True), ("nvfp4", (10, 0), False), ("bf16", (9, 0), True), ("bf16", (10, 0), True),
+    ("nvfp4", (9, 0), True), ("nvfp4", (10, 0), True), ("bf16", (9, 0), True), ("bf16", (10, 0), True),
     ("bf16", (8, 0), False)], ids=["nvfp4-sm90", "nvfp4-sm100", "bf16-sm90", "bf16-sm100", "bf16-sm80"])
 def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, fresh_dynamo, recipe, capability,
                                                                    capturable):
     """Compiled as for a GPU of a given capability (stood in for), an MoE block's experts GEMMs (fprop, dgrad, wgrad)
     become ``grouped_mm_on_device``, without the tag that keeps inductor's reduce-overhead mode from capturing a
-    graph, where they read nothing on the host: quantized on sm_90, in bf16 (torch's grouped GEMM) on sm_90 and
-    sm_100; the tagged op for sm_100's native quantized grouped GEMM, which reads the group bounds, and for bf16
-    below sm_90 (torch's op loops over the groups there)."""
+    graph, where they read nothing on the host: quantized (one Triton launch on sm_90, the native grouped GEMM on
+    sm_100) and in bf16 (torch's grouped GEMM) on sm_90 and sm_100; the tagged op for bf16 below sm_90 (torch's op
+    loops over the groups there)."""
     from test_moe import MoEBlock
 
     from autoprec import backend
