@@ -65,13 +65,15 @@ def _row_group_scales(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     ends = offs.long()
     sizes = torch.diff(ends, prepend=ends.new_zeros(1))
     padded = _round_up(sizes, TILE_ROWS)
-    rows = torch.arange(t, device=scales.device)
-    g = torch.bucketize(rows, ends, right=True)  # each row's group; E past the last offset
-    total = _round_up(t, TILE_ROWS) + TILE_ROWS * experts
-    own = g.clamp(max=experts - 1)
-    dest = torch.where(g < experts, (padded.cumsum(0) - padded)[own] + rows - (ends - sizes)[own], total)
-    slab = scales.view(torch.uint8).new_zeros(total + 1, c).index_copy_(0, dest, scales.view(torch.uint8))
-    return swizzle_scales(slab[:total]).view(total, -1)
+    padded_ends = padded.cumsum(0)
+    total = _round_up(t, TILE_ROWS) + TILE_ROWS * experts  # at least sum of padded sizes, whatever they are
+    rows = torch.arange(total, device=scales.device)
+    g = torch.bucketize(rows, padded_ends, right=True).clamp_(max=experts - 1)  # each row's group
+    within = rows - (padded_ends - padded)[g]
+    filled = within < sizes[g]  # a group's own rows; the rest of its padded slab (and past the last) zero
+    source = (ends - sizes)[g] + within
+    slab = torch.where(filled[:, None], scales.view(torch.uint8)[source.clamp_(max=t - 1)], 0)
+    return swizzle_scales(slab).view(total, -1)
 
 
 def _batch_scales(qb: QuantizedGroups) -> torch.Tensor:
