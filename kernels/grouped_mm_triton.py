@@ -132,15 +132,18 @@ def grouped_wgrad_kernel(
         run = tl.load(flag_ptr)
     if run != 0:
         g = tl.program_id(2)
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        m0, n0 = tl.program_id(0) * BM, tl.program_id(1) * BN
+        ac, asc = from_row(a_codes, a_scales, m0, KP, A_KIND, 1)  # (M, KP) passes 2**31 at half a million tokens
+        bc, bsc = from_row(b_codes, b_scales, n0, KP, B_KIND, 1)
+        local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
         acc = tl.zeros((BM, BN), tl.float32)
         for k0 in range(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), tl.load(ends_ptr + g), BK):
-            a = operand_tile(a_codes, a_scales, rm, k0, M, KP, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
-            b = operand_tile(b_codes, b_scales, rn, k0, N, KP, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, 1, DOT)
+            a = operand_tile(ac, asc, local_m, k0, M - m0, KP, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
+            b = operand_tile(bc, bsc, local_n, k0, N - n0, KP, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, 1, DOT)
             acc = accumulate(acc, a, b, DOT)
         acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
-        store_tile(acc, out_ptr, out_ptr + tl.cast(g, tl.int64) * M * N, rm, rn, M, N, False, OUT_BF16)
+        store_tile(acc, out_ptr, out_ptr + tl.cast(g, tl.int64) * M * N, m0 + local_m, n0 + local_n, M, N, False,
+                   OUT_BF16)
 
 
 Launch = Callable[..., torch.Tensor]

@@ -58,12 +58,14 @@ def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
 def _epilogue_kernel(acc_ptr, a_ts, b_ts, bias_ptr, out_ptr, M, N, A_KIND: tl.constexpr, B_KIND: tl.constexpr,
                      HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """The fused kernel's epilogue on cuBLAS's fp32 product: tensor scales, bias, one rounding."""
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    m0 = tl.program_id(0) * BM
+    top = tl.cast(m0, tl.int64) * N  # rows indexed from the tile's first: an (M, N) product may pass 2**31
+    rm = tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    acc = tl.load(acc_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0)
-    store_tile(apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND), bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS,
-               OUT_BF16)
+    mask = (rm < M - m0)[:, None] & (rn < N)[None, :]
+    acc = tl.load(acc_ptr + top + rm[:, None] * N + rn[None, :], mask=mask, other=0.0)
+    store_tile(apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND), bias_ptr, out_ptr + top, rm, rn, M - m0, N,
+               HAS_BIAS, OUT_BF16)
 
 
 def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:

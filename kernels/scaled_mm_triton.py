@@ -119,18 +119,21 @@ def scaled_mm_kernel(
     if GUARDED:
         run = tl.load(flag_ptr)
     if run != 0:
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
+        m0, n0 = tl.program_id(0) * BM, tl.program_id(1) * BN
+        ac, asc = from_row(a_codes, a_scales, m0, K, A_KIND, 1)  # tiles index their rows from 0
+        bc, bsc = from_row(b_codes, b_scales, n0, K, B_KIND, B_TILE_ROWS)
+        local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
         acc = tl.zeros((BM, BN), tl.float32)
         for k0 in range(0, K, BK):  # NVFP4 tiles for tensor cores (DOT not 0, FP32) decode per block: no spills
-            a = dot_operand(decode_tile(a_codes, a_scales, rm, k0, M, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS,
+            a = dot_operand(decode_tile(ac, asc, local_m, k0, M - m0, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS,
                                         A_INF, 1, DOT != 0 and A_KIND == 0), DOT)
-            b = dot_operand(decode_tile(b_codes, b_scales, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS,
+            b = dot_operand(decode_tile(bc, bsc, local_n, k0, N - n0, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS,
                                         B_INF, B_TILE_ROWS, DOT != 0 and B_KIND == 0), DOT)
             acc = accumulate(acc, a, b, DOT)
         acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
-        store_tile(acc, bias_ptr, out_ptr, rm, rn, M, N, HAS_BIAS, OUT_BF16)
+        # from the tile's first row in int64: an (M, N) output (logits) may pass 2**31 elements
+        store_tile(acc, bias_ptr, out_ptr + tl.cast(m0, tl.int64) * N, local_m, n0 + local_n, M - m0, N, HAS_BIAS,
+                   OUT_BF16)
 
 
 @triton.jit

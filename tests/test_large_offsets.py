@@ -1,8 +1,9 @@
-"""The quantize kernels address elements past 2**31 (a (tokens, vocab) logits gradient of 16k x 152k has 2.5e9):
-offsets are int64, where int32 ones wrap and read or write outside the tensor. Checked on strided views whose
-rows lie 2**26 elements apart over a 4.4 GB allocation, of which only the rows read are touched: each quantization
-equals that of the view's contiguous copy, bit for bit. Run in a subprocess, since a wrapped offset crashes the
-Triton interpreter instead of failing."""
+"""The kernels address elements past 2**31 (a (tokens, vocab) logits tensor or its gradient of 16k x 152k has
+2.5e9): offsets are int64, where int32 ones wrap and read or write outside the tensor. The quantizers are checked
+on strided views whose rows lie 2**26 elements apart over a 4.4 GB allocation, of which only the rows read are
+touched: each quantization equals that of the view's contiguous copy, bit for bit. The GEMMs' epilogue (its
+store is every matmul kernel's) on the first column of tiles of a (33, 2**26) product. Run in subprocesses, since a
+wrapped offset crashes the Triton interpreter instead of failing."""
 import os
 import subprocess
 import sys
@@ -54,9 +55,28 @@ print("MISMATCH " + ", ".join(bad) if bad else "OK")
 '''
 
 
-def test_quantizers_address_elements_past_2_31():
+EPILOGUE = r'''
+import torch
+from autoprec.kernels.scaled_mm_decoded import _epilogue_kernel
+
+M, N, BM, BN = 33, 1 << 26, 32, 128  # row 32 of the (M, N) product, the second row tile, starts at 2**31 elements
+try:
+    acc = torch.empty(M * N, dtype=torch.float32).view(M, N)  # 8.9 GB of address space, and 4.4 GB for out
+    out = torch.empty(M * N, dtype=torch.bfloat16).view(M, N)
+except RuntimeError as e:
+    print(f"SKIP no 13 GB of address space here: {e}")
+    raise SystemExit
+acc[:, :BN] = torch.randn(M, BN, generator=torch.Generator().manual_seed(0))
+_epilogue_kernel[(2, 1)](acc, acc, acc, acc, out.view(torch.int16), M, N, 1, 1, HAS_BIAS=False, OUT_BF16=True,
+                         BM=BM, BN=BN)  # the first column of tiles: MXFP8 operands (no tensor scales), no bias
+print("OK" if torch.equal(out[:, :BN], acc[:, :BN].bfloat16()) else "MISMATCH")
+'''
+
+
+@pytest.mark.parametrize("script", [SCRIPT, EPILOGUE], ids=["quantizers", "gemm-epilogue"])
+def test_kernels_address_elements_past_2_31(script):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"rc {run.returncode} (-11: a wrapped offset read outside the tensor)\n{run.stderr}"
     last = run.stdout.strip().splitlines()[-1]
     if last.startswith("SKIP"):
