@@ -212,7 +212,7 @@ def test_gpu_quantize_and_matmul_never_wait_for_the_gpu(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
-def test_gpu_experts_gemms_never_wait_for_the_gpu_on_sm90(fmt):
+def test_gpu_experts_gemms_never_wait_for_the_gpu(fmt):
     """An experts fprop (2d x 3d) and wgrad (2d x 2d, SR and the RHT), one grouped GEMM each (Triton on sm_90,
     native on sm_100, its scales laid out on the device): the offsets and the step stay on the device."""
     x, w = torch.randn(520, 256, device="cuda"), torch.randn(5, 256, 192, device="cuda")
@@ -327,7 +327,7 @@ class _Experts(torch.nn.Module):
 
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
-def test_gpu_reduce_overhead_captures_expert_graphs_on_sm90(fresh_dynamo, recipe):
+def test_gpu_reduce_overhead_captures_expert_graphs(fresh_dynamo, recipe):
     """mode="reduce-overhead" on experts: on sm_90 and sm_100 the quantized grouped products (Triton's, the native
     one) and bf16 ones (torch's grouped GEMM) read nothing on the host, so the rewrite emits the untagged op and
     inductor captures every graph. Training runs, and its gradients equal those without the mode."""
