@@ -104,12 +104,17 @@ def offsets(sizes: list[int]) -> torch.Tensor:
     return torch.tensor(sizes).cumsum(0).to(torch.int32)
 
 
+def as_sm100(monkeypatch) -> None:
+    """Dispatch as on an sm_100 GPU: its capability stood in for, Triton's kernels run (in the interpreter)."""
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
+    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)
+
+
 def native_and_loop(monkeypatch, a, b, offs, fmt, **args):
     """grouped_mm on the CPU (the per-group loop), then as an sm_100 device runs it (the stand-in; Triton's
     quantizers in the interpreter), reading nothing on the host."""
     want = grouped_mm(a, b, offs, fmt, **args)
-    monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
-    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)  # as on a GPU
+    as_sm100(monkeypatch)
     monkeypatch.setattr(F, "scaled_grouped_mm", fake_scaled_grouped_mm)
     calls.clear()
     with HostReads() as rec:
@@ -172,8 +177,7 @@ def test_sm100_wgrad_the_native_gemm_refuses_runs_one_launch(monkeypatch, fmt, o
     args = dict(rounding_a="sr", rounding_b="sr", rht=fmt == "nvfp4", rht_signs=rht_signs(0), seeds=(6, 7), step=1,
                 out_dtype=out_dtype)
     want = grouped_mm(x, dy, offs, fmt, **args)
-    monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
-    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)  # as on a GPU
+    as_sm100(monkeypatch)
     monkeypatch.setattr(F, "scaled_grouped_mm", lambda *a, **k: pytest.fail("the native grouped GEMM"))
     monkeypatch.setattr(dispatch, "quantize", lambda *a, **k: pytest.fail("a quantization per group"))
     got = grouped_mm(x, dy, offs, fmt, **args)
@@ -190,8 +194,7 @@ def test_sm100_wgrad_path_is_chosen_before_quantizing(monkeypatch, fmt, out_dtyp
     """sm_100's wgrad path, chosen from formats and shapes alone (K-grouped groups are whole multiples of 128
     tokens, whatever their sizes): native where the native GEMM takes the product, else the one launch, else (an
     output no grouped kernel writes) None, the per-group loop."""
-    monkeypatch.setattr(dispatch, "device_capability", lambda device: (10, 0))
-    monkeypatch.setattr(dispatch, "use_triton", lambda device, reason: reason is None)
+    as_sm100(monkeypatch)
     got = grouped_dispatch.wgrad_path(torch.randn(48, 70), torch.randn(70, 32), get_format(fmt), out_dtype)
     assert got == path
 
