@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from autoprec.kernels.group_offsets import zero_unwritten
 from autoprec.kernels.mode import kernel_mode
 
 TORCH_GROUPED_MAJORS = (9, 10)  # compute capability majors where aten._grouped_mm runs CUTLASS on bf16
@@ -45,18 +46,6 @@ def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None
     a, b = (_aligned(x.to(torch.bfloat16), jagged) for x, jagged in zip((a, b), jagged_dims(layout)))
     offs = None if offs is None else offs.to(torch.int32)
     return zero_unwritten(torch._grouped_mm(a, b, offs, out_dtype=torch.bfloat16), offs, layout)
-
-
-def zero_unwritten(out: torch.Tensor, offs: torch.Tensor | None, layout: str) -> torch.Tensor:
-    """``out`` of a grouped kernel with what no group writes zeroed in place on the device: the rows past the last
-    offset (2d x 3d), an empty group's product (2d x 2d)."""
-    if layout == "2d3d":
-        past_end = torch.arange(out.shape[0], device=out.device) >= offs[-1]
-        out.masked_fill_(past_end.unsqueeze(1), 0)
-    elif layout == "2d2d":
-        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-        out.masked_fill_((sizes == 0).view(-1, 1, 1), 0)
-    return out
 
 
 def _multiple(d) -> bool:

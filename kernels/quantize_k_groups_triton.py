@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels.group_offsets import padded_ends
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
@@ -117,13 +118,6 @@ def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
                        BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
-def padded_ends(offs: torch.Tensor) -> torch.Tensor:
-    """int32 cumulative ends of the groups' padded column ranges (each group's token count rounded up to
-    GROUP_PAD), computed on the device."""
-    sizes = torch.diff(offs.to(torch.int32), prepend=offs.new_zeros(1, dtype=torch.int32))
-    return ((sizes + GROUP_PAD - 1) // GROUP_PAD * GROUP_PAD).cumsum(0).to(torch.int32)
-
-
 def padded_width(tokens: int, groups: int) -> int:
     """KP: the padded columns of ``tokens`` in ``groups`` groups, whatever their sizes."""
     return cdiv(tokens, GROUP_PAD) * GROUP_PAD + groups * GROUP_PAD
@@ -143,7 +137,7 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
     groups = offs.shape[0]
     ep = max(triton.next_power_of_2(groups), 2)
     kp = padded_width(tokens, groups)
-    ends = padded_ends(offs)
+    ends = padded_ends(offs.to(torch.int32), GROUP_PAD)
     key = seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), kp // meta["BK"])  # noqa: E731

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autoprec.kernels.grouped_torch import zero_unwritten
+from autoprec.kernels.group_offsets import group_sizes, padded_ends, zero_unwritten
 from autoprec.kernels.operand import KIND_NVFP4, Operand
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.scaled_mm_native import native_problem
@@ -63,13 +63,12 @@ def _row_group_scales(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     t, c = scales.shape
     experts = offs.shape[0]
     ends = offs.long()
-    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
-    padded = _round_up(sizes, TILE_ROWS)
-    padded_ends = padded.cumsum(0)
+    sizes = group_sizes(ends)
+    ends_padded = padded_ends(ends, TILE_ROWS)
     total = _round_up(t, TILE_ROWS) + TILE_ROWS * experts  # at least sum of padded sizes, whatever they are
     rows = torch.arange(total, device=scales.device)
-    g = torch.bucketize(rows, padded_ends, right=True).clamp_(max=experts - 1)  # each row's group
-    within = rows - (padded_ends - padded)[g]
+    g = torch.bucketize(rows, ends_padded, right=True).clamp_(max=experts - 1)  # each row's group
+    within = rows - (ends_padded - group_sizes(ends_padded))[g]
     filled = within < sizes[g]  # a group's own rows; the rest of its padded slab (and past the last) zero
     source = (ends - sizes)[g] + within
     slab = torch.where(filled[:, None], scales.view(torch.uint8)[source.clamp_(max=t - 1)], 0)
@@ -95,7 +94,7 @@ def _k_group_scales(scales: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     row_tiles, col_tiles = -(-r // TILE_ROWS), c // TILE_COLS
     tiles = swizzle_scales(scales.view(torch.uint8)).view(row_tiles * col_tiles, TILE)
     tile_ends = ends.long() // TILE_COLS
-    tile_starts = tile_ends - torch.diff(tile_ends, prepend=tile_ends.new_zeros(1))
+    tile_starts = tile_ends - group_sizes(tile_ends)
     cols = torch.arange(col_tiles, device=scales.device)
     g = torch.bucketize(cols, tile_ends, right=True)
     first, width = tile_starts[g], (tile_ends - tile_starts)[g]
