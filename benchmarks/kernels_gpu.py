@@ -184,9 +184,8 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
     import triton.testing
 
     from autoprec.kernels import grouped_dispatch
-    from autoprec.kernels.dispatch import device_capability, quantize
     from autoprec.kernels.grouped import grouped_mm
-    from autoprec.kernels.operand import as_operand
+    from autoprec.kernels.grouped_route import grouped_route
 
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -205,10 +204,8 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
         row("bf16, autoprec", lambda a=a, b=b: grouped_mm(a, b, offs, "bf16", out_dtype=torch.bfloat16), flops,
             ms_bf16, peak, "  torch's grouped GEMM, unwritten output zeroed")
         for fmt in ("nvfp4", "mxfp8"):
-            group_b = b[0] if layout == "2d3d" else b[:tokens // experts]
-            ops = as_operand(quantize(a[:, :tokens // experts] if layout == "2d2d" else a[:32], fmt, 1), 1, "a"), \
-                as_operand(quantize(group_b, fmt, 0), 0, "b")
-            path, why = grouped_dispatch.grouped_gemm_path(device_capability(a.device), layout, *ops, torch.bfloat16)
+            route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), False, torch.bfloat16)
+            path, why = f"{route.kind} {route.path or ''}".strip(), route.why
             run = lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16)  # noqa: E731
             per_group = mock.patch.object(grouped_dispatch, "grouped_gemm_path", lambda *_: ("per_group", "forced"))
             cases = [(f"{fmt} + quantize", contextlib.nullcontext(), path + (f" ({why})" if why else "")),

@@ -45,25 +45,33 @@ def triton_runtime_reason(device: torch.device) -> str | None:
     return f"Triton needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors; got device {device}"
 
 
-def use_triton(device: torch.device, reason: str | None) -> bool:
-    """Whether a Triton kernel runs here for an input it takes unless ``reason`` says why not (raises where
-    ``AUTOPREC_KERNELS=triton`` forces it and it cannot)."""
+def triton_problem(device: torch.device, reason: str | None) -> str | None:
+    """Why a Triton kernel does not run here for an input it takes unless ``reason`` says why not; None where it
+    runs (raises where ``AUTOPREC_KERNELS=triton`` forces it and it cannot)."""
     mode = kernel_mode()
     if mode in ("ref", "ref_inductor"):
-        return False
+        return f"AUTOPREC_KERNELS={mode}"
     reason = triton_runtime_reason(device) or reason
     if mode == "triton" and reason:
         raise ValueError(f"AUTOPREC_KERNELS=triton, but the Triton kernel cannot run: {reason}")
-    return reason is None and (mode == "triton" or device.type == "cuda")
+    if reason is None and mode != "triton" and device.type != "cuda":
+        return f"device {device} runs the reference kernels (AUTOPREC_KERNELS=triton runs Triton's interpreter)"
+    return reason
+
+
+def use_triton(device: torch.device, reason: str | None) -> bool:
+    """Whether a Triton kernel runs here (``triton_problem`` is None)."""
+    return triton_problem(device, reason) is None
+
+
+def quantize_dtype_problem(dtype: torch.dtype) -> str | None:
+    """Why the Triton quantizer does not read this dtype; None when it does."""
+    return None if dtype in TRITON_DTYPES else f"dtype {dtype} (the kernel reads float32, bfloat16 or float16)"
 
 
 def quantize_supports(x: torch.Tensor) -> str | None:
     """Why the Triton quantizer does not take this (already validated) input; None when it does."""
-    if x.dtype not in TRITON_DTYPES:
-        return f"dtype {x.dtype} (the kernel reads float32, bfloat16 or float16)"
-    if x.numel() == 0:
-        return "an empty tensor"
-    return None
+    return quantize_dtype_problem(x.dtype) or ("an empty tensor" if x.numel() == 0 else None)
 
 
 def quantize(

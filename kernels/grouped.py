@@ -26,7 +26,8 @@ on the device), else by one Triton launch for every group that reads the offsets
 (``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native
 grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read nothing on the host. Other
 products (a reduction that is not whole blocks, 3d x 3d, a 2d x 2d product with 16x16 tiles, the CPU) quantize
-group by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group.
+group by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
+runs is one decision, ``grouped_route``'s, which also says whether it reads the host.
 """
 from __future__ import annotations
 
@@ -35,11 +36,9 @@ import torch
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped_dispatch import group_bounds
-from autoprec.kernels.grouped_torch import torch_grouped_mm, torch_grouped_problem
-from autoprec.kernels.mode import kernel_mode
+from autoprec.kernels.grouped_route import EXACT, grouped_route
+from autoprec.kernels.grouped_torch import torch_grouped_mm
 from autoprec.kernels.random_bits import group_seed, sr_stream
-
-EXACT = "exact"  # the product in the operands' dtype, as the traced op computes it
 
 
 def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
@@ -47,33 +46,6 @@ def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
     layout = f"{a_ndim}d{b_ndim}d"
     if layout in ("2d3d", "2d2d") and has_offs or layout == "3d3d" and not has_offs:
         return layout
-    return None
-
-
-def host_read_reason(capability: tuple[int, int] | None, layout: str, fmt: str, dtypes: tuple[torch.dtype, ...],
-                     shapes: tuple[tuple, ...], tile2d_b: bool, out_dtype: torch.dtype) -> str | None:
-    """Why ``grouped_mm`` in ``fmt`` on operands of these dtypes and shapes reads a device value on the host on a GPU
-    of this compute capability (None: not a GPU), or None where it reads none (unquantized products on torch's
-    grouped GEMM or batched, the quantized grouped paths of sm_90 and sm_100 in auto mode), so that a CUDA graph
-    can capture it."""
-    if capability is None:
-        return "not a CUDA device"
-    if fmt == EXACT or not get_format(fmt).quantized:
-        if layout == "3d3d":  # one product per batch item where torch's kernel does not take it: nothing to read
-            return None
-        why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes)
-        return why and f"a {fmt} grouped product runs one GEMM per group: {why}"
-    if kernel_mode() != "auto":
-        return f"AUTOPREC_KERNELS={kernel_mode()}"
-    if out_dtype not in grouped_dispatch.ONE_LAUNCH_DTYPES or any(d not in dispatch.TRITON_DTYPES for d in dtypes):
-        return f"operands {dtypes} and output {out_dtype} run per group"
-    if layout == "3d3d":
-        return "a 3d x 3d product quantizes its batch items one by one"
-    if layout == "2d2d" and tile2d_b:
-        return "a 2d x 2d product with 16x16 tiles runs per group"
-    k = shapes[0][-1]
-    if layout == "2d3d" and (not isinstance(k, int) or k % get_format(fmt).block_size):
-        return f"a reduction of {k}, not whole blocks, is padded group by group"
     return None
 
 
@@ -123,24 +95,22 @@ def grouped_mm(
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
     if not a.numel() or not b.numel():  # no tokens, experts or features: nothing to sum
         return a.new_zeros(shape, dtype=out_dtype)
-    blocked = fmt != EXACT and get_format(fmt).quantized
-    if blocked and layout == "2d3d" and a.shape[1] % get_format(fmt).block_size == 0:
+    route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), tile2d_b, out_dtype)
+    if route.kind == "experts":
         qa = grouped_dispatch.quantize_row_groups(a, fmt, offs, rounding=rounding_a, seed=seeds[0], step=step,
                                                   scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-        return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype)
-    if blocked and layout == "2d2d" and not tile2d_b and (
-            path := grouped_dispatch.wgrad_path(a, b, get_format(fmt), out_dtype)):
-        return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), path, out_dtype, rounding_a=rounding_a,
+        return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path)
+    if route.kind == "wgrad":
+        return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), route.path, out_dtype, rounding_a=rounding_a,
                                          rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,
                                          rht_signs=rht_signs)
-    if not blocked and torch_grouped_problem(dispatch.device_capability(a.device), layout, fmt == EXACT,
-                                             (a.dtype, b.dtype), out_dtype, (a.shape, b.shape)) is None:
+    if route.kind == "torch":
         return torch_grouped_mm(a, b, offs, layout)
     every = _groups(a, b, offs, layout)
     groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]
-    if not blocked:
+    if route.kind == "loop":
         out = a.new_zeros(shape, dtype=out_dtype)
         for _, slot, ag, bg in groups:
             out[slot] = (torch.mm(ag, bg) if fmt == EXACT else

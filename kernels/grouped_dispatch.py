@@ -5,10 +5,11 @@ quantized groups.
 ``grouped_gemm_path`` picks: ``native_grouped`` (sm_100 and later, one ``torch.nn.functional.scaled_grouped_mm``
 on the grouped quantizers' buffers), else one Triton launch for every group (``grouped_mm_triton``:
 ``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or with ``AUTOPREC_KERNELS=triton``), else
-``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read on the host). A wgrad's path is chosen
-before quantizing (``wgrad_path``), since the K-grouped quantization feeds both the native and the Triton path.
-None of the grouped paths but ``per_group`` reads the offsets on the host. Where Triton does not run (CPU), every
-group is quantized and multiplied on its own.
+``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read on the host). ``grouped_route`` asks
+it once per product, from formats and shapes alone (a wgrad's before quantizing, since the K-grouped quantization
+feeds both the native and the Triton path), and the product runs what it picked. None of the grouped paths but
+``per_group`` reads the offsets on the host. Where Triton does not run (CPU), every group is quantized and
+multiplied on its own.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels import dispatch
 from autoprec.kernels.mode import kernel_mode
-from autoprec.kernels.operand import Operand, as_operand
+from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_ref import check_quantize_args
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.random_bits import group_seed, sr_stream
@@ -110,49 +111,25 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
     interpreter), given one group's operands or shape-only stand-ins (every group shares their formats and the
     dims not grouped), and why not natively: ``native_grouped``, ``decoded_grouped``, ``triton_grouped`` or
     ``per_group`` (see the module doc)."""
-    fits = layout in ("2d3d", "2d2d") and out_dtype in ONE_LAUNCH_DTYPES
     mode = kernel_mode()
-    if capability is None or mode == "triton":
-        why = "the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton"
-        return ("triton_grouped" if fits else "per_group"), why
-    if mode != "auto":
+    if mode not in ("auto", "triton"):
         return "per_group", f"AUTOPREC_KERNELS={mode}"
+    if layout not in ("2d3d", "2d2d") or out_dtype not in ONE_LAUNCH_DTYPES:
+        return "per_group", (f"layout {layout} with out_dtype {out_dtype} (one launch multiplies 2d x 3d and 2d x 2d "
+                             "products into float32 or bfloat16)")
+    if capability is None or mode == "triton":
+        return "triton_grouped", "the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton"
     if capability < NATIVE_CAPABILITY:
-        return ("decoded_grouped" if fits else "per_group"), f"sm_{capability[0]}{capability[1]}"
+        return "decoded_grouped", f"sm_{capability[0]}{capability[1]}"
     why = dispatch.torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype)
-    if why is None:
-        return "native_grouped", None
-    return ("decoded_grouped" if fits else "per_group"), why
-
-
-def wgrad_path(a: torch.Tensor, b: torch.Tensor, fmt: Format, out_dtype: torch.dtype) -> str | None:
-    """The path of an experts wgrad ``a`` (M, T) x ``b`` (T, N) in ``fmt`` that K-grouped quantization feeds
-    (``native_grouped``, ``decoded_grouped``, ``triton_grouped``), chosen before quantizing: where Triton runs; None
-    elsewhere (the groups are then quantized and multiplied one by one)."""
-    why = (dispatch.quantize_supports(a) or dispatch.quantize_supports(b)
-           or (None if out_dtype in ONE_LAUNCH_DTYPES else f"out_dtype {out_dtype} (the kernel writes float32 or "
-                                                             "bfloat16)"))
-    if not dispatch.use_triton(a.device, why):
-        return None
-    from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD
-
-    # every K-grouped group is whole multiples of GROUP_PAD tokens: what the native check reads of one
-    shapes = _unquantized(fmt, a.shape[0], GROUP_PAD), _unquantized(fmt, b.shape[1], GROUP_PAD)
-    path, _ = grouped_gemm_path(dispatch.device_capability(a.device), "2d2d", *shapes, out_dtype)
-    return None if path == "per_group" else path
-
-
-def _unquantized(fmt: Format, rows: int, k: int) -> Operand:
-    """An operand with ``fmt`` and a (rows, k) shape but no data yet: what the path checks read before
-    quantizing."""
-    return Operand(fmt, None, None, None, rows, k)
+    return ("native_grouped", None) if why is None else ("decoded_grouped", why)
 
 
 def wgrad_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, fmt: Format, path: str, out_dtype: torch.dtype, *,
              rounding_a: str, rounding_b: str, seeds: tuple[int, int], step: torch.Tensor | int, scale_mode: str,
              rht: bool, rht_signs: torch.Tensor | None) -> torch.Tensor:
     """The experts' wgrad (E, M, N) of ``a`` (M, T) and ``b`` (T, N), token groups ending at ``offs``, on ``path``
-    (``wgrad_path``): both operands quantized along the tokens by one K-grouped quantization each (each group
+    (``grouped_route``'s): both operands quantized along the tokens by one K-grouped quantization each (each group
     zero-padded to whole blocks, its own tensor scale and SR stream), then one grouped GEMM (native, or Triton)."""
     from autoprec.kernels.grouped_mm_triton import grouped_wgrad_decoded, grouped_wgrad_tc_triton
     from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
@@ -179,26 +156,20 @@ def experts_operands(qa: QuantizedGroups, qb: QuantizedGroups) -> tuple[Operand,
     return a, b
 
 
-def experts_mm(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def experts_mm(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor, out_dtype: torch.dtype,
+               path: str) -> torch.Tensor:
     """The experts' product (2d x 3d): token rows ``qa`` (T, K) in groups ending at ``offs`` times expert weights
-    ``qb`` (E, K, N), group g's rows by expert g's weight -> (T, N), rows past the last offset zero; on the path
-    ``grouped_gemm_path`` picks."""
+    ``qb`` (E, K, N), group g's rows by expert g's weight -> (T, N), rows past the last offset zero; on ``path``
+    (``grouped_route``'s)."""
     (t, _), (experts, _, n) = qa.shape, qb.shape
-    a_op, stacked = experts_operands(qa, qb)
-    b_op = as_operand(qb.group(0), 0, "b")
-    device = qa.codes.device
-    capability = dispatch.device_capability(device)
-    path = "per_group"
-    if capability is not None or dispatch.use_triton(device, dispatch.scaled_mm_supports(a_op, b_op, out_dtype)):
-        path, _ = grouped_gemm_path(capability, "2d3d", a_op, b_op, out_dtype)
     if path == "native_grouped":
         return experts_native(qa, qb, offs)
     if path in ("decoded_grouped", "triton_grouped"):
         from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded, grouped_mm_tc_triton
 
         run = grouped_mm_decoded if path == "decoded_grouped" else grouped_mm_tc_triton
-        return run(a_op, stacked, experts, offs.to(torch.int32), out_dtype)
-    out = torch.zeros(t, n, device=device, dtype=out_dtype)
+        return run(*experts_operands(qa, qb), experts, offs.to(torch.int32), out_dtype)
+    out = torch.zeros(t, n, device=qa.codes.device, dtype=out_dtype)
     for g, (s, e) in enumerate(group_bounds(offs, t)):
         if e > s:
             out[s:e] = dispatch.scaled_mm(qa.group(g, slice(s, e)), qb.group(g), None, out_dtype)

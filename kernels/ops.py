@@ -15,6 +15,7 @@ import torch
 
 from autoprec.formats import BF16, NVFP4, get_format
 from autoprec.kernels import dispatch, grouped
+from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import StepStream
@@ -179,7 +180,7 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
 
 
-# The grouped op reads its group offsets on the host on some paths (grouped.host_read_reason: the CPU loop, products
+# The grouped op reads its group offsets on the host on some paths (grouped_route's host_read: the CPU loop, products
 # no grouped kernel takes), which a CUDA graph cannot capture: the tag makes inductor's mode="reduce-overhead" leave
 # its graphs uncaptured (or, with graph partitions, run the op between captured parts) instead of failing inside the
 # capture. The rewrite emits the same op without the tag, ``grouped_mm_on_device``, where the reason is None (bf16
@@ -195,8 +196,8 @@ def grouped_mm(
     naming why (a capture cannot hold the read)."""
     if a.is_cuda and torch.cuda.is_current_stream_capturing():
         layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
-        why = grouped.host_read_reason(dispatch.device_capability(a.device), layout, fmt, (a.dtype, b.dtype),
-                                       (a.shape, b.shape), tile2d_b, out_dtype)
+        why = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), tile2d_b,
+                            out_dtype).host_read
         if why:
             raise RuntimeError(f"autoprec grouped_mm inside a CUDA graph capture would read the host: {why}")
     return grouped.grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b,

@@ -12,8 +12,7 @@ from torch._guards import detect_fake_mode
 
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch
-from autoprec.kernels.grouped import host_read_reason
+from autoprec.kernels.grouped_route import grouped_route
 from autoprec.options import CompileOptions
 from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo
@@ -65,7 +64,7 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
              current, tag: dict) -> fx.Node:
     """One ``autoprec.grouped_mm`` node running a grouped (experts) GEMM in the decision's format; the op without
     the CUDA-graph tag, ``grouped_mm_on_device``, where it reads nothing on the host on the graph's device
-    (``grouped.host_read_reason``)."""
+    (``grouped_route``'s ``host_read``)."""
     mm = info.mm
     cfg = grouped_config(d, info.grad_operand, info.weight_operand)
     fmt = d.fmt if get_format(d.fmt).quantized else "bf16"
@@ -73,9 +72,9 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
             cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, out_dtype)
     a, b = mm.a.meta["val"], mm.b.meta["val"]
-    why = host_read_reason(dispatch.device_capability(a.device), mm.layout, fmt, (a.dtype, b.dtype),
-                           (a.shape, b.shape), cfg["tile2d_b"], out_dtype)
-    op = autoprec_ops.grouped_mm if why else autoprec_ops.grouped_mm_on_device
+    route = grouped_route(a.device, mm.layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), cfg["tile2d_b"],
+                          out_dtype)
+    op = autoprec_ops.grouped_mm if route.host_read else autoprec_ops.grouped_mm_on_device
     return add_like(graph, op.default, args, node, tag)
 
 

@@ -67,3 +67,12 @@ def decode_swizzled(mat: torch.Tensor, scale: torch.Tensor, block: int) -> torch
     s = unswizzle(scale.view(torch.uint8), rows, blocks)
     s = s.view(scale.dtype).float() if scale.dtype == torch.float8_e4m3fn else torch.exp2(s.double() - 127)
     return vals.double() * s.double().repeat_interleave(block, 1)[:, :k]
+
+
+def stand_in_gpu(monkeypatch, capability: tuple[int, int]) -> None:
+    """Dispatch as on a GPU of this compute capability, stood in for on this CPU: ``device_capability`` answers it,
+    and Triton's kernels run (in the interpreter) wherever they take the input."""
+    from autoprec.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "device_capability", lambda device: capability)
+    monkeypatch.setattr(dispatch, "triton_problem", lambda device, reason: reason)

@@ -7,9 +7,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from autoprec.kernels import dispatch
-from autoprec.kernels.grouped import grouped_mm, host_read_reason
+from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.grouped_torch import torch_grouped_mm, torch_grouped_problem
 
+from helpers import stand_in_gpu
 from test_no_host_sync import HostReads
 
 SIZES = [5, 0, 16, 37, 22]  # an empty expert
@@ -86,12 +88,15 @@ def test_torch_grouped_mm_copies_operands_its_kernel_would_not_take(poisoned):
     ((12, 0), "2d3d", True, (BF16, BF16), BF16, ((64, 32), (4, 32, 48)), "sm_90 and sm_100 only"),
     (None, "2d3d", True, (BF16, BF16), BF16, ((64, 32), (4, 32, 48)), "sm_90 and sm_100 only"),
 ])
-def test_sm90_torch_grouped_path_table(capability, layout, exact, dtypes, out_dtype, shapes, why):
+def test_sm90_torch_grouped_path_table(monkeypatch, capability, layout, exact, dtypes, out_dtype, shapes, why):
     problem = torch_grouped_problem(capability, layout, exact, dtypes, out_dtype, shapes)
     assert problem is None if why is None else why in problem
-    reason = host_read_reason(capability, layout, "exact" if exact else "bf16", dtypes, shapes, False, out_dtype)
     if capability is not None:
-        assert reason is None if why is None else why in reason
+        stand_in_gpu(monkeypatch, capability)
+        route = grouped_route(torch.device("cpu"), layout, "exact" if exact else "bf16", dtypes, shapes, False,
+                              out_dtype)
+        assert route.kind == ("torch" if why is None else "loop")
+        assert route.host_read is None if why is None else why in route.host_read
 
 
 def test_sm90_torch_grouped_path_follows_the_kernel_mode(monkeypatch):

@@ -6,7 +6,7 @@ tests/test_gpu_cuda.py checks it on a GPU with torch's sync debug mode. Also: th
 values bf16 does not hold on the device, and recomputes that product in fp32."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 pytest.importorskip("triton")
 
@@ -28,11 +28,27 @@ WAITING_OPS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.ma
 
 
 class HostReads(TorchDispatchMode):
-    """Records the ops in WAITING_OPS, and copies that name a device, dispatched inside it."""
+    """Records the ops in WAITING_OPS, and copies that name a device, dispatched inside it; and ``Tensor.tolist`` of
+    an integer tensor (group offsets, steps), which reads it without dispatching an op (not where the mode is
+    disabled, as the ops are not). The RHT's float sign vector is host data by contract, read on every call."""
 
     def __init__(self):
         super().__init__()
         self.found: list[str] = []
+        self._tolist = torch.Tensor.tolist
+
+    def __enter__(self):
+        def tolist(t):
+            if not t.is_floating_point() and self in _get_current_dispatch_mode_stack():
+                self.found.append("Tensor.tolist")
+            return self._tolist(t)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

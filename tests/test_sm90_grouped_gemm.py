@@ -2,22 +2,20 @@
 interpreter: each group's rows equal the dense reference GEMM of that group's own quantizations (fp32 accumulation
 order), rows past the last offset are zero, values bf16 does not hold go to the fp32 kernel, and the decoded
 (sm_90) path reads nothing on the host. Which path runs where: test_sm100_grouped_native.py."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, grouped_dispatch
-from autoprec.kernels.grouped import host_read_reason
+from autoprec.kernels import dispatch
 from autoprec.kernels.grouped_dispatch import experts_mm, experts_operands
 from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded
+from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.quantized import QuantizedGroups
 
-from helpers import to_device
+from helpers import stand_in_gpu, to_device
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,9 +75,8 @@ CASES = [("nvfp4", False), ("nvfp4", True), ("mxfp8", False), ("mxfp8_e5m2", Fal
 @pytest.mark.parametrize("fmt,tile2d", CASES, ids=[f"{f}{'-16x16' if t else ''}" for f, t in CASES])
 def test_sm90_grouped_gemm_equals_each_groups_dense_gemm(monkeypatch, fmt, tile2d, path, out_dtype):
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    monkeypatch.setattr(grouped_dispatch, "grouped_gemm_path", lambda *args: (path, "forced by the test"))
     qa, qb, offs = operands(fmt, tile2d)
-    got = experts_mm(qa, qb, offs, out_dtype).cpu()
+    got = experts_mm(qa, qb, offs, out_dtype, path).cpu()
     assert got.dtype == out_dtype and got.shape == (T, N)
     assert_groups_close(got, per_group_reference(qa, qb, monkeypatch), out_dtype)
 
@@ -89,9 +86,8 @@ def test_sm90_grouped_gemm_recomputes_values_bf16_does_not_hold(monkeypatch, pat
     """MXFP8 tokens near 2**-128 decode to values below bf16's normal range: the decoded path flags them on the
     device and its fp32 kernel recomputes, the in-register path takes the fp32 dot; both equal the reference."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    monkeypatch.setattr(grouped_dispatch, "grouped_gemm_path", lambda *args: (path, "forced by the test"))
     qa, qb, offs = operands("mxfp8", token_scale=2.0**-128)
-    got = experts_mm(qa, qb, offs, torch.float32).cpu()
+    got = experts_mm(qa, qb, offs, torch.float32, path).cpu()
     want = per_group_reference(qa, qb, monkeypatch)
     assert all(w.abs().max() > 0 for w in want)
     assert_groups_close(got, want, torch.float32)
@@ -125,25 +121,6 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
     torch.testing.assert_close(grouped_mm(a, w, offs, "nvfp4", **opts), expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("capability,layout,fmt,k,tile2d_b,out_dtype,why", [
-    ((9, 0), "2d3d", "nvfp4", 64, True, torch.bfloat16, None),
-    ((9, 0), "2d2d", "mxfp8", 64, False, torch.float32, None),
-    ((9, 0), "2d2d", "nvfp4", 64, True, torch.bfloat16, "16x16 tiles"),
-    ((9, 0), "3d3d", "nvfp4", 64, False, torch.bfloat16, "3d x 3d"),
-    ((9, 0), "2d3d", "nvfp4", 40, False, torch.bfloat16, "not whole blocks"),
-    ((9, 0), "2d3d", "bf16", 64, False, torch.bfloat16, None),  # torch's grouped GEMM
-    ((9, 0), "2d3d", "bf16", 64, False, torch.float32, "a bf16 grouped product runs one GEMM per group"),
-    ((9, 0), "2d3d", "nvfp4", 64, False, torch.float16, "run per group"),
-    ((10, 0), "2d3d", "nvfp4", 64, False, torch.bfloat16, None),  # the native grouped GEMM, scales laid out on device
-    ((10, 0), "2d2d", "mxfp8", 64, False, torch.bfloat16, None),
-    (None, "2d3d", "nvfp4", 64, False, torch.bfloat16, "not a CUDA device"),
-])
-def test_sm90_grouped_op_reads_the_host_only_where_it_says(capability, layout, fmt, k, tile2d_b, out_dtype, why):
-    shapes = {"2d3d": ((96, k), (4, k, 64)), "2d2d": ((32, k), (k, 64)), "3d3d": ((4, 96, k), (4, k, 64))}[layout]
-    reason = host_read_reason(capability, layout, fmt, (torch.bfloat16, torch.bfloat16), shapes, tile2d_b, out_dtype)
-    assert reason is None if why is None else why in reason
-
-
 @pytest.mark.parametrize("recipe,capability,capturable", [
     ("nvfp4", (9, 0), True), ("nvfp4", (10, 0), True), ("bf16", (9, 0), True), ("bf16", (10, 0), True),
     ("bf16", (8, 0), False)], ids=["nvfp4-sm90", "nvfp4-sm100", "bf16-sm90", "bf16-sm100", "bf16-sm80"])
@@ -162,8 +139,12 @@ def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, 
     graphs = []
     orig = backend.pair_quantizations
     monkeypatch.setattr(backend, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
-    # the rewrite sees the stand-in capability; the step itself runs on this CPU
-    monkeypatch.setattr(rewrite, "dispatch", SimpleNamespace(device_capability=lambda device: capability))
+    def route_on_gpu(*args):  # the rewrite routes as on the stand-in GPU; the step itself runs on this CPU
+        with monkeypatch.context() as gpu:
+            stand_in_gpu(gpu, capability)
+            return grouped_route(*args)
+
+    monkeypatch.setattr(rewrite, "grouped_route", route_on_gpu)
     torch.manual_seed(0)
     model = MoEBlock().bfloat16()
     compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe})

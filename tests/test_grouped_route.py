@@ -1,0 +1,123 @@
+"""One decision for a grouped product (kernels/grouped_route.py): the route ``grouped_mm`` runs is the route whose
+``host_read`` the rewrite and the capture check read. Here each route runs on a GPU stood in for (its capability
+answered, Triton's kernels in the interpreter, torch's CPU ops in place of its CUDA kernels) under ``HostReads``:
+a device value is read on the host exactly where the route says so, and the route names the path that ran."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from test_sm100_grouped_native import fake_scaled_grouped_mm
+
+from autoprec.kernels import grouped_dispatch
+from autoprec.kernels.grouped import grouped_layout, grouped_mm
+from autoprec.kernels.grouped_route import grouped_route
+
+from helpers import stand_in_gpu
+from test_no_host_sync import HostReads
+
+BF16, FP32 = torch.bfloat16, torch.float32
+ENDS = [16, 16, 40, 64]  # an empty group; 64 tokens, 16 rows past the last offset
+T, K, N = 80, 64, 32
+
+# (capability, fmt, layout, k, tile2d_b, out_dtype, kind, path, what the host read names; None: nothing read)
+CASES = [
+    ((9, 0), "nvfp4", "2d3d", K, False, BF16, "experts", "decoded_grouped", None),
+    ((9, 0), "mxfp8", "2d2d", K, False, FP32, "wgrad", "decoded_grouped", None),
+    ((9, 0), "nvfp4", "2d3d", 40, False, BF16, "per_group", None, "not whole blocks"),
+    ((9, 0), "nvfp4", "2d2d", K, True, BF16, "per_group", None, "16x16 tiles"),
+    ((9, 0), "nvfp4", "3d3d", K, False, BF16, "per_group", None, "3d x 3d"),
+    ((9, 0), "nvfp4", "2d3d", K, False, torch.float16, "experts", "per_group", "out_dtype torch.float16"),
+    ((9, 0), "mxfp8", "2d2d", K, False, torch.float16, "per_group", None, "out_dtype torch.float16"),
+    ((9, 0), "bf16", "2d3d", K, False, BF16, "torch", None, None),
+    ((9, 0), "bf16", "2d2d", K, False, FP32, "loop", None, "one GEMM per group"),
+    ((9, 0), "bf16", "3d3d", K, False, FP32, "loop", None, None),  # a batch: no bounds to read
+    ((8, 0), "bf16", "2d3d", K, False, BF16, "loop", None, "sm_90 and sm_100 only"),
+    ((10, 0), "nvfp4", "2d3d", K, False, BF16, "experts", "native_grouped", None),
+    ((10, 0), "mxfp8", "2d2d", K, False, BF16, "wgrad", "native_grouped", None),
+    ((10, 0), "mxfp8_e5m2", "2d3d", K, False, BF16, "experts", "decoded_grouped", None),
+]
+
+
+def operands(layout: str, k: int):
+    gen = torch.Generator().manual_seed(0)
+    if layout == "2d3d":
+        return torch.randn(T, k, generator=gen).to(BF16), torch.randn(len(ENDS), k, N, generator=gen).to(BF16)
+    if layout == "2d2d":  # a wgrad: (M, T) activations, a transposed view as autograd gives them
+        return torch.randn(T, k, generator=gen).to(BF16).t(), torch.randn(T, N, generator=gen).to(BF16)
+    return torch.randn(len(ENDS), 8, k, generator=gen).to(BF16), torch.randn(len(ENDS), k, N, generator=gen).to(BF16)
+
+
+def run_as_gpu(monkeypatch, capability, fmt, layout, k, tile2d_b, out_dtype):
+    """(route, host reads, paths run) of one grouped_mm call on the stood-in GPU, after a first call outside the
+    record."""
+    stand_in_gpu(monkeypatch, capability)
+    monkeypatch.setattr(F, "scaled_grouped_mm", fake_scaled_grouped_mm, raising=False)  # torch's contract
+    ran = []
+
+    def recorded(name: str, path_arg: int):
+        real = getattr(grouped_dispatch, name)
+
+        def run(*args, **kwargs):
+            ran.append((name, args[path_arg]))
+            return real(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(grouped_dispatch, "experts_mm", recorded("experts_mm", 4))
+    monkeypatch.setattr(grouped_dispatch, "wgrad_mm", recorded("wgrad_mm", 4))
+    a, b = operands(layout, k)
+    offs = None if layout == "3d3d" else torch.tensor(ENDS, dtype=torch.int32)
+    args = dict(rounding_a="sr", tile2d_b=tile2d_b, step=torch.tensor(3), out_dtype=out_dtype)
+    route = grouped_route(a.device, grouped_layout(a.ndim, b.ndim, offs is not None), fmt, (a.dtype, b.dtype),
+                          (a.shape, b.shape), tile2d_b, out_dtype)
+    grouped_mm(a, b, offs, fmt, **args)
+    ran.clear()
+    with HostReads() as rec:
+        grouped_mm(a, b, offs, fmt, **args)
+    return route, rec.found, ran
+
+
+@pytest.mark.parametrize("capability,fmt,layout,k,tile2d_b,out_dtype,kind,path,read", CASES,
+                         ids=[f"sm{c[0][0]}{c[0][1]}-{c[1]}-{c[2]}-k{c[3]}{'-16x16' if c[4] else ''}-"
+                              f"{str(c[5])[6:]}" for c in CASES])
+def test_sm90_sm100_grouped_mm_reads_the_host_exactly_where_its_route_says(monkeypatch, capability, fmt, layout, k,
+                                                                          tile2d_b, out_dtype, kind, path, read):
+    route, found, ran = run_as_gpu(monkeypatch, capability, fmt, layout, k, tile2d_b, out_dtype)
+    assert (route.kind, route.path) == (kind, path)
+    assert (found != []) == (route.host_read is not None), (route, found)
+    assert route.host_read is None if read is None else read in route.host_read
+    if kind in ("experts", "wgrad"):  # the product ran the path its route named
+        assert ran == [("experts_mm" if kind == "experts" else "wgrad_mm", path)]
+
+
+@pytest.mark.parametrize("fmt,read", [("mxfp8", True), ("nvfp4", False)])
+def test_sm90_forced_triton_kernel_reads_mxfp8_scales_on_the_host(monkeypatch, fmt, read):
+    """``AUTOPREC_KERNELS=triton`` on a GPU: the in-register grouped kernel checks MXFP8 scales against bf16's range
+    on the host (NVFP4's always decode exactly), and the route says so."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    route, found, _ = run_as_gpu(monkeypatch, (9, 0), fmt, "2d3d", K, False, BF16)
+    assert route.path == "triton_grouped"
+    assert (found != []) == read == (route.host_read is not None)
+
+
+def test_routes_off_a_gpu_say_so():
+    """On the CPU every route is host work ("not a CUDA device"); auto mode there quantizes group by group."""
+    route = grouped_route(torch.device("cpu"), "2d3d", "nvfp4", (BF16, BF16), ((T, K), (4, K, N)), False, BF16)
+    assert (route.kind, route.path, route.host_read) == ("experts", "per_group", "not a CUDA device")
+
+
+def test_symbolic_sizes_route_as_compiled_graphs_need(monkeypatch):
+    """A symbolic token count (dynamic shapes) chooses nothing: the route is the one-launch path, capturable. A size a
+    path depends on that is symbolic takes the route that assumes nothing: per group, which reads the host (so the
+    graph keeps the tag that keeps CUDA graphs off it)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    stand_in_gpu(monkeypatch, (9, 0))
+    env = ShapeEnv()
+    tokens, hidden = env.create_unbacked_symint(), env.create_unbacked_symint()
+    for layout, shapes in (("2d3d", ((tokens, K), (4, K, N))), ("2d2d", ((K, tokens), (tokens, N)))):
+        route = grouped_route(torch.device("cpu"), layout, "nvfp4", (BF16, BF16), shapes, False, BF16)
+        assert (route.path, route.host_read) == ("decoded_grouped", None)
+    route = grouped_route(torch.device("cpu"), "2d2d", "nvfp4", (BF16, BF16), ((hidden, T), (T, N)), False, BF16)
+    assert route.kind == "per_group" and "symbolic" in route.host_read
