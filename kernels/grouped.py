@@ -20,7 +20,7 @@ where that reads the offsets on the device (``grouped_torch``: sm_90 and sm_100,
 
 A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch``: its token groups and expert
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
-then multiplied by one native grouped GEMM on sm_100 and later (``scaled_grouped_mm_native``: the scales laid out
+then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
 on the device), else by one Triton launch for every group that reads the offsets on the device
 (``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped quantization per operand on a GPU
 (``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native

@@ -2,7 +2,7 @@
 (every token group, every expert weight, a wgrad's token groups along the reduction) and the grouped products of
 quantized groups.
 
-``grouped_gemm_path`` picks: ``native_grouped`` (sm_100 and later, one ``torch.nn.functional.scaled_grouped_mm``
+``grouped_gemm_path`` picks: ``native_grouped`` (sm_100, one ``torch.nn.functional.scaled_grouped_mm``
 on the grouped quantizers' buffers), else one Triton launch for every group (``grouped_mm_triton``:
 ``decoded_grouped`` on a GPU, ``triton_grouped`` in the interpreter or with ``AUTOPREC_KERNELS=triton``), else
 ``per_group`` (one dense ``dispatch.scaled_mm`` per group, the bounds read on the host). ``grouped_route`` asks
@@ -22,7 +22,12 @@ from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_ref import check_quantize_args
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.random_bits import group_seed, sr_stream
-from autoprec.kernels.scaled_grouped_mm_native import experts_native, grouped_native_problem, wgrad_native
+from autoprec.kernels.scaled_grouped_mm_native import (
+    NATIVE_GROUPED_MAJORS,
+    experts_native,
+    grouped_native_problem,
+    wgrad_native,
+)
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
 
 ONE_LAUNCH_DTYPES = (torch.float32, torch.bfloat16)
@@ -119,8 +124,9 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
                              "products into float32 or bfloat16)")
     if capability is None or mode == "triton":
         return "triton_grouped", "the Triton interpreter" if capability is None else "AUTOPREC_KERNELS=triton"
-    if capability < NATIVE_CAPABILITY:
-        return "decoded_grouped", f"sm_{capability[0]}{capability[1]}"
+    if capability[0] not in NATIVE_GROUPED_MAJORS:
+        return "decoded_grouped", (f"sm_{capability[0]}{capability[1]}" + ("" if capability < NATIVE_CAPABILITY else
+                                   " (torch's scaled_grouped_mm runs block-scaled groups on sm_100 only)"))
     why = dispatch.torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype)
     return ("native_grouped", None) if why is None else ("decoded_grouped", why)
 

@@ -1,4 +1,4 @@
-"""Blackwell's native grouped block-scaled GEMM (sm_100 and later) for experts: ``torch.nn.functional.
+"""Blackwell's native grouped block-scaled GEMM (sm_100, compute capability 10.x) for experts: ``torch.nn.functional.
 scaled_grouped_mm`` in one launch for every expert, 2d x 3d (fprop, dgrad) and 2d x 2d (wgrad), on the grouped
 quantizers' buffers as they come, with the scales laid out on the device: nothing is read on the host.
 
@@ -37,6 +37,9 @@ from autoprec.kernels.scaled_mm_native import native_problem
 from autoprec.kernels.swizzle import TILE_COLS, TILE_ROWS, swizzle_scales
 
 TILE = TILE_ROWS * TILE_COLS  # scales per swizzled tile
+# compute capability majors where torch runs block-scaled groups: its scaled_grouped_mm refuses all but 9.x and 10.x,
+# and has only row-wise FP8 on 9.x (so not sm_110 or sm_120, whose dense block-scaled GEMMs cuBLAS does run)
+NATIVE_GROUPED_MAJORS = (10,)
 
 
 def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:

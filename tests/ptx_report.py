@@ -1,8 +1,8 @@
-"""Compile every GPU kernel for sm_90 and sm_100 without a GPU and report, as JSON on stdout, whether its
-PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the tensor-core GEMM
-(NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS GEMM, the
-experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on; the one-read, grouped, batched and K-grouped
-ones at their autotuned tiles; and the fprop row quantizers as a launch specializes them, with their SASS
+"""Compile every GPU kernel for sm_90 and sm_100 (and the grouped GEMMs for sm_120) without a GPU and report, as
+JSON on stdout, whether its PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the
+tensor-core GEMM (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS
+GEMM, the experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on; the one-read, grouped, batched and
+K-grouped ones at their autotuned tiles; and the fprop row quantizers as a launch specializes them, with their SASS
 instruction counts). Run in a process without TRITON_INTERPRET (the interpreter replaces Triton's compiler):
 ``python tests/ptx_report.py`` (one compiling process per core)."""
 from __future__ import annotations
@@ -260,16 +260,23 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
     return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
+            "mma_sync": "mma.sync" in ptx,  # the warp-level tensor-core MMA (sm_80 to sm_120)
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "vector_loads": "ld.global.v4" in ptx, "instructions": sass_instructions(k.asm["cubin"]),
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
 
 
+def jobs() -> list[tuple[tuple, int]]:
+    """(kernel, target) pairs: every kernel for sm_90 and sm_100, and for sm_120 (RTX 50x0 / PRO 6000, GB10: torch
+    has no block-scaled grouped GEMM there) the grouped GEMMs its experts run."""
+    return [(k, cap) for k in kernels() for cap in (90, 100)] + [(k, 120) for k in grouped_gemms()]
+
+
 def report_job(index: int) -> dict:
-    """Job ``index`` of the report: kernel ``index // 2`` for sm_90, then sm_100."""
-    return report(*kernels()[index // 2], (90, 100)[index % 2])
+    kernel, cap = jobs()[index]
+    return report(*kernel, cap)
 
 
 if __name__ == "__main__":  # compiles take minutes without Triton's cache: one process per core
     with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
-        print(json.dumps(pool.map(report_job, range(2 * len(kernels())))))
+        print(json.dumps(pool.map(report_job, range(len(jobs())))))

@@ -225,6 +225,9 @@ def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
     ((10, 0), "2d3d", ("nvfp4", "nvfp4"), torch.float32, "decoded_grouped", "writes bfloat16"),
     ((10, 0), "2d3d", ("mxfp8", "mxfp8_e5m2"), torch.bfloat16, "decoded_grouped", "E5M2"),
     ((10, 0), "2d3d", ("nvfp4", "mxfp8"), torch.bfloat16, "decoded_grouped", "nvfp4 times mxfp8"),
+    ((12, 0), "2d3d", ("nvfp4", "nvfp4"), torch.bfloat16, "decoded_grouped", "sm_100 only"),  # RTX 50x0 / PRO 6000
+    ((12, 1), "2d2d", ("mxfp8", "mxfp8"), torch.bfloat16, "decoded_grouped", "sm_100 only"),  # GB10
+    ((11, 0), "2d3d", ("mxfp8", "mxfp8"), torch.bfloat16, "decoded_grouped", "sm_100 only"),
 ])
 def test_sm100_grouped_gemm_path_names_why_not_native(capability, layout, ops, out_dtype, path, why):
     """Where the native grouped GEMM does not run: one Triton launch (bf16 or fp32 out) for 2d x 3d and 2d x 2d,
@@ -238,6 +241,7 @@ def test_sm100_grouped_gemm_path_picks_native_and_respects_forced_kernels(monkey
     path = grouped_dispatch.grouped_gemm_path
     assert path((10, 0), "2d3d", *operands(), bf16) == ("native_grouped", None)
     assert path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16) == ("native_grouped", None)
+    assert path((10, 3), "2d3d", *operands(), bf16) == ("native_grouped", None)  # B300
     bad_k = path((10, 0), "2d3d", *operands(k=48), bf16)
     assert bad_k[0] == "decoded_grouped" and "K=48" in bad_k[1]
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")

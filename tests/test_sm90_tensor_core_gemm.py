@@ -19,7 +19,8 @@ from autoprec.kernels.quantize_dual_triton import CONFIGS
 from autoprec.kernels.quantize_triton import CONFIGS as QUANT_CONFIGS
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 
-SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # opt-in shared memory per block on H100/H200 and B200
+SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # opt-in shared memory per block: H100/H200, B200,
+# RTX 50x0 / PRO 6000
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,15 @@ def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
                            for layout in ("gemm", "wgrad")
                            for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"),
                                              ("tensor_core", "bf16"), ("fp32", "mxfp8"))}
+
+
+def test_ptx_sm120_grouped_gemms_use_tensor_cores(ptx_report):
+    """sm_120 runs the experts' one-launch GEMMs (torch's block-scaled grouped GEMM refuses it): they compile for it
+    with the warp-level tensor-core MMA (mma.sync), the fp32 recompute without."""
+    grouped = {r["kernel"]: r["mma_sync"] for r in ptx_report if r["cap"] == 120}
+    assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core" for layout in ("gemm", "wgrad")
+                       for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"), ("tensor_core", "bf16"),
+                                         ("fp32", "mxfp8"))}
 
 
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
