@@ -25,6 +25,7 @@ import torch
 
 from autoprec.formats import NVFP4, Format, get_format
 from autoprec.kernels import dispatch, grouped_dispatch
+from autoprec.kernels.group_offsets import GROUP_PAD
 from autoprec.kernels.grouped_torch import torch_grouped_problem
 from autoprec.kernels.operand import Operand
 
@@ -96,8 +97,6 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
         quantizers = quantizers or f"out_dtype {out_dtype} (the grouped kernels write float32 or bfloat16)"
     why = dispatch.triton_problem(device, quantizers)
     if why is None:  # the K-grouped quantizers pad every group to whole multiples of GROUP_PAD tokens
-        from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD
-
         a, b = (Operand(fmt, None, None, None, rows, GROUP_PAD) for rows in (a_shape[0], b_shape[1]))
         path, why = grouped_dispatch.grouped_gemm_path(capability, layout, a, b, out_dtype)
         if path != "per_group":

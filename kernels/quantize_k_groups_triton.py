@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
-from autoprec.kernels.group_offsets import padded_ends
+from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
@@ -33,8 +33,6 @@ from autoprec.kernels.quantize_triton import (
     nvfp4_encode_store,
     tensor_scales,
 )
-
-GROUP_PAD = 128  # every tile width (BLOCK_K, the autotuned BKs, the GEMMs' BK) divides it
 
 
 @triton.jit
@@ -116,11 +114,6 @@ def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 32, GROUP_ROWS, SR)
     mxfp8_encode_store(y, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows, col0, R, KP, EBITS, MBITS,
                        BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
-
-
-def padded_width(tokens: int, groups: int) -> int:
-    """KP: the padded columns of ``tokens`` in ``groups`` groups, whatever their sizes."""
-    return cdiv(tokens, GROUP_PAD) * GROUP_PAD + groups * GROUP_PAD
 
 
 def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torch.Tensor, *, seed: int | None,

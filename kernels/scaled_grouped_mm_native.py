@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autoprec.kernels.group_offsets import group_sizes, padded_ends, zero_unwritten
+from autoprec.kernels.group_offsets import group_sizes, padded_sources, padded_width, zero_unwritten
 from autoprec.kernels.operand import KIND_NVFP4, Operand
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.scaled_mm_native import native_problem
@@ -57,24 +57,12 @@ def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch
     return native_problem(a, b)
 
 
-def _round_up(x, m: int):
-    return (x + m - 1) // m * m
-
-
 def _row_group_scales(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Token groups' (T, C) block scales in the 2d x 3d layout (module doc), computed on the device."""
-    t, c = scales.shape
-    experts = offs.shape[0]
-    ends = offs.long()
-    sizes = group_sizes(ends)
-    ends_padded = padded_ends(ends, TILE_ROWS)
-    total = _round_up(t, TILE_ROWS) + TILE_ROWS * experts  # at least sum of padded sizes, whatever they are
-    rows = torch.arange(total, device=scales.device)
-    g = torch.bucketize(rows, ends_padded, right=True).clamp_(max=experts - 1)  # each row's group
-    within = rows - (ends_padded - group_sizes(ends_padded))[g]
-    filled = within < sizes[g]  # a group's own rows; the rest of its padded slab (and past the last) zero
-    source = (ends - sizes)[g] + within
-    slab = torch.where(filled[:, None], scales.view(torch.uint8)[source.clamp_(max=t - 1)], 0)
+    t = scales.shape[0]
+    total = padded_width(t, offs.shape[0], TILE_ROWS)
+    source, filled = padded_sources(offs, TILE_ROWS, total)  # the rest of a group's padded slab (and past) zero
+    slab = torch.where(filled[:, None], scales.view(torch.uint8)[source.clamp_(0, t - 1)], 0)
     return swizzle_scales(slab).view(total, -1)
 
 
@@ -85,7 +73,7 @@ def _batch_scales(qb: QuantizedGroups) -> torch.Tensor:
     scales = qb.scales.view(torch.uint8)
     if qb.tile_rows > 1:
         scales = scales.repeat_interleave(qb.tile_rows, 1)[:, :n]
-    scales = F.pad(scales, (0, 0, 0, _round_up(n, TILE_ROWS) - n))
+    scales = F.pad(scales, (0, 0, 0, -n % TILE_ROWS))
     return swizzle_scales(scales.reshape(-1, scales.shape[-1])).view(experts, -1)
 
 
