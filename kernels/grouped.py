@@ -15,8 +15,10 @@ of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change
 amax nor the product. Rows past the last offset are zero.
 
 An unquantized product (``exact`` on bf16 operands, or ``bf16``) with a bf16 output runs torch's own grouped GEMM
-where that reads the offsets on the device (``grouped_torch``: sm_90 and sm_100, aligned operands), else one
-``torch.mm`` (``exact``) or bf16 ``dispatch.scaled_mm`` per group, or per batch item for 3d x 3d.
+where that reads the offsets on the device (``grouped_torch``: sm_90 and sm_100, aligned operands), else (other
+GPUs with bf16 tensor cores, an fp32 output) Triton's one-launch bf16 kernels (``grouped_bf16_triton``), else one
+``torch.mm`` (``exact``, in the wider of the operands' and the output's dtype) or bf16 ``dispatch.scaled_mm`` per
+group, or per batch item for 3d x 3d.
 
 A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch``: its token groups and expert
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
@@ -35,6 +37,7 @@ import torch
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch
+from autoprec.kernels.grouped_bf16_triton import bf16_grouped_mm
 from autoprec.kernels.grouped_dispatch import group_bounds
 from autoprec.kernels.grouped_route import EXACT, grouped_route
 from autoprec.kernels.grouped_torch import torch_grouped_mm
@@ -108,13 +111,18 @@ def grouped_mm(
                                          rht_signs=rht_signs)
     if route.kind == "torch":
         return torch_grouped_mm(a, b, offs, layout)
+    if route.kind == "triton_bf16":
+        return bf16_grouped_mm(a, b, offs, layout, out_dtype)
     every = _groups(a, b, offs, layout)
     groups = [(g, slot, ag, bg) for g, slot, ag, bg in every if ag.shape[0] and ag.shape[1] and bg.shape[1]]
     if route.kind == "loop":
         out = a.new_zeros(shape, dtype=out_dtype)
         for _, slot, ag, bg in groups:
-            out[slot] = (torch.mm(ag, bg) if fmt == EXACT else
-                         dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)).to(out_dtype)
+            if fmt != EXACT:
+                out[slot] = dispatch.scaled_mm(ag.bfloat16(), bg.bfloat16(), None, out_dtype)
+            else:  # in the wider of the operands' and the output's dtype (a bf16 product into fp32 is not rounded)
+                wide = torch.promote_types(ag.dtype, out_dtype)
+                out[slot] = torch.mm(ag.to(wide), bg.to(wide))
         return out
     block = get_format(fmt).block_size
     step = int(step)  # the per-group quantizations' SR streams, made on the host

@@ -204,7 +204,7 @@ def _tensor_scales(op: Operand) -> torch.Tensor | None:
     return op.tensor_scale if op.kind == KIND_NVFP4 else None
 
 
-def _bf16_dot() -> int:
+def bf16_dot() -> int:
     """The tensor-core dot, or in the interpreter (whose dot reads bf16 as integers) the same values in fp32."""
     return DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
 
@@ -215,7 +215,7 @@ def _in_registers(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> 
     scales = _tensor_scales(a), _tensor_scales(b)
     if exact_decode_problem(a) or exact_decode_problem(b):
         return launch(a, b, *scales, out, DOT_FP32, FP32_BLOCKS)
-    return launch(a, b, *scales, out, _bf16_dot(), TC_BLOCKS, **TC_OPTIONS)
+    return launch(a, b, *scales, out, bf16_dot(), TC_BLOCKS, **TC_OPTIONS)
 
 
 def _decoded(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:
@@ -225,7 +225,7 @@ def _decoded(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch
     flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
     decoded = [Operand(BF16, decode_bf16(op, flag), None, None, op.rows, op.k) for op in (a, b)]
     scales = _tensor_scales(a), _tensor_scales(b)
-    launch(*decoded, *scales, out, _bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)
+    launch(*decoded, *scales, out, bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)
     if flag is not None:
         launch(a, b, *scales, out, DOT_FP32, FP32_BLOCKS, flag=flag)
     return out

@@ -8,7 +8,9 @@ and shapes, and the op's arguments.
 Routes (``kind``):
 
 - ``torch``: an unquantized product on torch's grouped GEMM (``grouped_torch``), offsets read on the device.
-- ``loop``: an unquantized product, one GEMM per group with the bounds read on the host (per batch item for
+- ``triton_bf16``: an unquantized product torch's kernel does not take (GPUs but sm_90 / sm_100, an fp32 output)
+  in one Triton launch on bf16 tiles (``grouped_bf16_triton``), offsets read on the device.
+- ``loop``: any other unquantized product, one GEMM per group with the bounds read on the host (per batch item for
   3d x 3d, which has no bounds to read).
 - ``experts``: a quantized 2d x 3d product of whole blocks: the grouped quantizers (every token group in one
   launch, every expert in one; group by group where Triton does not run), then ``grouped_dispatch.experts_mm``
@@ -26,6 +28,7 @@ import torch
 from autoprec.formats import NVFP4, Format, get_format
 from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.group_offsets import GROUP_PAD
+from autoprec.kernels.grouped_bf16_triton import bf16_grouped_problem
 from autoprec.kernels.grouped_torch import torch_grouped_problem
 from autoprec.kernels.operand import Operand
 
@@ -55,7 +58,11 @@ def grouped_route(device: torch.device, layout: str, fmt: str, dtypes: tuple[tor
         why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes)
         if why is None:
             route = GroupedRoute("torch", None, None, None)
+        elif (triton := bf16_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype)
+              or dispatch.triton_problem(device, None)) is None:
+            route = GroupedRoute("triton_bf16", None, why, None)
         else:  # a 3d x 3d batch has no bounds to read
+            why = f"{why}; {triton}"
             route = GroupedRoute("loop", None, why, None if layout == "3d3d" else
                                  f"a {fmt} grouped product runs one GEMM per group: {why}")
     else:

@@ -1,4 +1,4 @@
-"""Compile every GPU kernel for sm_90 and sm_100 (and the grouped GEMMs for sm_120) without a GPU and report, as
+"""Compile every GPU kernel for sm_90 and sm_100 (the grouped GEMMs for sm_80, sm_120 too) without a GPU and report, as
 JSON on stdout, whether its PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the
 tensor-core GEMM (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS
 GEMM, the experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on; the one-read, grouped, batched and
@@ -267,9 +267,9 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
 
 
 def jobs() -> list[tuple[tuple, int]]:
-    """(kernel, target) pairs: every kernel for sm_90 and sm_100, and for sm_120 (RTX 50x0 / PRO 6000, GB10: torch
-    has no block-scaled grouped GEMM there) the grouped GEMMs its experts run."""
-    return [(k, cap) for k in kernels() for cap in (90, 100)] + [(k, 120) for k in grouped_gemms()]
+    """(kernel, target) pairs: every kernel for sm_90 and sm_100, and the grouped GEMMs for sm_80 (A100: its bf16
+    experts run them) and sm_120 (RTX 50x0 / PRO 6000, GB10: torch has no block-scaled grouped GEMM there)."""
+    return [(k, cap) for k in kernels() for cap in (90, 100)] + [(k, cap) for k in grouped_gemms() for cap in (80, 120)]
 
 
 def report_job(index: int) -> dict:

@@ -9,6 +9,7 @@ from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch, quantize_ref
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantized import QuantCopy
@@ -173,6 +174,39 @@ def test_gpu_bf16_experts_gemms_run_torch_grouped_mm(fmt):
     assert not got[0][512:].any() and not got[1][1].any() and not got[2][512:].any()
     for g, e in zip(got, want):
         torch.testing.assert_close(g.float(), e.float(), rtol=2**-7, atol=1e-2 * e.float().abs().max().item())
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_bf16_experts_gemms_torch_does_not_take_run_in_one_triton_launch(out_dtype):
+    """Unquantized experts GEMMs torch's grouped GEMM would loop over on the host (an fp32 output anywhere; bf16
+    below sm_90 or on sm_120) run Triton's one-launch bf16 kernels: no wait for the GPU, the loop's values (fp32
+    accumulation), zeros where no group writes."""
+    capability = torch.cuda.get_device_capability()
+    if capability < (8, 0) or out_dtype == torch.bfloat16 and capability[0] in (9, 10):
+        pytest.skip("no bf16 tensor cores, or torch's own grouped GEMM runs this product")
+    gen = torch.Generator().manual_seed(9)
+    offs = torch.tensor([40, 40, 300, 333, 512], dtype=torch.int32)
+    x, w = torch.randn(520, 256, generator=gen).bfloat16(), torch.randn(5, 256, 192, generator=gen).bfloat16()
+    dy = torch.randn(520, 192, generator=gen).bfloat16()
+    cases = ((x, w), (x.t(), dy))  # fprop, wgrad
+    want = [grouped_mm(a, b, offs, "exact", out_dtype=out_dtype) for a, b in cases]
+    gpu, offs = [(a.cuda(), b.cuda()) for a, b in cases], offs.cuda()
+    route = grouped_route(x.cuda().device, "2d3d", "exact", (torch.bfloat16,) * 2, (x.shape, w.shape), False,
+                          out_dtype)
+    assert (route.kind, route.host_read) == ("triton_bf16", None)
+    for a, b in gpu:  # compiles and tunes outside the check
+        grouped_mm(a, b, offs, "exact", out_dtype=out_dtype)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = [grouped_mm(a, b, offs, "exact", out_dtype=out_dtype) for a, b in gpu]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    got = [g.cpu() for g in got]
+    assert not got[0][512:].any() and not got[1][1].any()
+    tol = 1e-5 if out_dtype == torch.float32 else 2**-7
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.float(), e.float(), rtol=tol, atol=tol * e.float().abs().max().item())
 
 
 def test_gpu_mxfp8_scales_outside_bf16_are_recomputed_in_fp32(monkeypatch):

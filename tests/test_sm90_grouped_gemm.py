@@ -123,14 +123,15 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
 
 @pytest.mark.parametrize("recipe,capability,capturable", [
     ("nvfp4", (9, 0), True), ("nvfp4", (10, 0), True), ("bf16", (9, 0), True), ("bf16", (10, 0), True),
-    ("bf16", (8, 0), False)], ids=["nvfp4-sm90", "nvfp4-sm100", "bf16-sm90", "bf16-sm100", "bf16-sm80"])
+    ("bf16", (8, 0), True), ("bf16", (7, 5), False)],
+    ids=["nvfp4-sm90", "nvfp4-sm100", "bf16-sm90", "bf16-sm100", "bf16-sm80", "bf16-sm75"])
 def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, fresh_dynamo, recipe, capability,
                                                                    capturable):
     """Compiled as for a GPU of a given capability (stood in for), an MoE block's experts GEMMs (fprop, dgrad, wgrad)
     become ``grouped_mm_on_device``, without the tag that keeps inductor's reduce-overhead mode from capturing a
     graph, where they read nothing on the host: quantized (one Triton launch on sm_90, the native grouped GEMM on
-    sm_100) and in bf16 (torch's grouped GEMM) on sm_90 and sm_100; the tagged op for bf16 below sm_90 (torch's op
-    loops over the groups there)."""
+    sm_100) and in bf16 (torch's grouped GEMM on sm_90 and sm_100, Triton's bf16 kernels on sm_80); the tagged op
+    for bf16 on sm_75, which has no bf16 tensor cores (the groups loop on the host)."""
     from test_moe import MoEBlock
 
     from autoprec import backend

@@ -19,8 +19,8 @@ from autoprec.kernels.quantize_dual_triton import CONFIGS
 from autoprec.kernels.quantize_triton import CONFIGS as QUANT_CONFIGS
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 
-SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # opt-in shared memory per block: H100/H200, B200,
-# RTX 50x0 / PRO 6000
+# opt-in shared memory per block: A100, H100/H200, B200, RTX 50x0 / PRO 6000
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +56,12 @@ def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
                                              ("tensor_core", "bf16"), ("fp32", "mxfp8"))}
 
 
-def test_ptx_sm120_grouped_gemms_use_tensor_cores(ptx_report):
-    """sm_120 runs the experts' one-launch GEMMs (torch's block-scaled grouped GEMM refuses it): they compile for it
-    with the warp-level tensor-core MMA (mma.sync), the fp32 recompute without."""
-    grouped = {r["kernel"]: r["mma_sync"] for r in ptx_report if r["cap"] == 120}
+@pytest.mark.parametrize("cap", [80, 120])
+def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
+    """sm_80 runs the experts' one-launch GEMMs for bf16 experts (torch's grouped GEMM loops on the host there), sm_120
+    for quantized ones too (torch's block-scaled grouped GEMM refuses it): they compile for both with the warp-level
+    tensor-core MMA (mma.sync), the fp32 recompute without."""
+    grouped = {r["kernel"]: r["mma_sync"] for r in ptx_report if r["cap"] == cap}
     assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core" for layout in ("gemm", "wgrad")
                        for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"), ("tensor_core", "bf16"),
                                          ("fp32", "mxfp8"))}

@@ -1,0 +1,68 @@
+"""Unquantized experts GEMMs (``exact`` on bf16 operands, or ``bf16``) in one Triton launch, the offsets read on
+the device, where torch's grouped GEMM would loop over the groups on the host: GPUs other than sm_90 / sm_100
+(sm_80, sm_89, sm_120), and an fp32 output, which torch's kernel does not write. The kernels are the one-launch
+grouped GEMMs of ``grouped_mm_triton`` on bf16 tiles (what its decoded path multiplies; Triton is imported only
+where they run): fp32 accumulation, one rounding to the output dtype, each group's product equal to ``torch.mm``
+of that group up to accumulation order.
+
+- 2d x 3d: the (T, K) token rows as they are, every expert's (N, K) weight one after the other (a copy unless the
+  weights are stored (E, N, K)); rows past the last offset written as zeros.
+- 2d x 2d (wgrad): both operands laid out K-grouped as the quantized wgrad's are, each group's tokens padded with
+  zeros to a multiple of ``GROUP_PAD`` (a gather on the device), so the kernel's K tiles never span two groups; an
+  empty group's gradient is zero.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import BF16
+from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_sources, padded_width
+from autoprec.kernels.operand import Operand
+
+BF16_MMA_CAPABILITY = (8, 0)  # the first compute capability with bf16 tensor-core MMA
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def bf16_grouped_problem(capability: tuple[int, int] | None, layout: str, exact: bool,
+                         dtypes: tuple[torch.dtype, torch.dtype], out_dtype: torch.dtype) -> str | None:
+    """Why the one-launch bf16 kernels do not run an unquantized grouped product (``exact``: in the operands'
+    dtype, else in bf16) on a GPU of this capability (None: the Triton interpreter), where Triton runs; None where
+    they do."""
+    if capability is not None and capability < BF16_MMA_CAPABILITY:
+        return f"sm_{capability[0]}{capability[1]} has no bf16 tensor-core MMA"
+    if layout not in ("2d3d", "2d2d"):
+        return f"layout {layout} (one launch multiplies 2d x 3d and 2d x 2d products)"
+    if exact and any(d != torch.bfloat16 for d in dtypes):
+        return f"exact operands {dtypes} (the kernels multiply bf16)"
+    if out_dtype not in OUT_DTYPES:
+        return f"out_dtype {out_dtype} (the kernels write float32 or bfloat16)"
+    return None
+
+
+def bf16_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, layout: str,
+                    out_dtype: torch.dtype) -> torch.Tensor:
+    """The grouped product (``grouped.grouped_mm``'s ``layout``) of ``a`` and ``b`` cast to bf16, in one launch;
+    ``bf16_grouped_problem`` is None for it."""
+    from autoprec.kernels.grouped_mm_triton import BF16_BLOCKS, BF16_OPTIONS, bf16_dot, launch_grouped, launch_wgrad
+
+    a, b, offs = a.to(torch.bfloat16), b.to(torch.bfloat16), offs.to(torch.int32)
+    if layout == "2d3d":
+        (t, k), (experts, _, n) = a.shape, b.shape
+        stacked = b.transpose(1, 2).contiguous().view(experts * n, k)  # each expert's (N, K)
+        out = torch.empty(t, n, device=a.device, dtype=out_dtype)
+        return launch_grouped(_operand(a.contiguous()), _operand(stacked), None, None, out, bf16_dot(), BF16_BLOCKS,
+                              experts=experts, offs=offs, **BF16_OPTIONS)
+    (m, tokens), n, experts = a.shape, b.shape[1], offs.shape[0]
+    width = padded_width(tokens, experts)
+    source, filled = padded_sources(offs, GROUP_PAD, width)
+    source = source.clamp_(0, tokens - 1)
+    a_k = torch.where(filled, a[:, source], 0)  # (M, KP): each group's tokens, then zeros to its padded end
+    b_k = torch.where(filled, b.t()[:, source], 0)  # (N, KP)
+    out = torch.empty(experts, m, n, device=a.device, dtype=out_dtype)
+    return launch_wgrad(_operand(a_k), _operand(b_k), None, None, out, bf16_dot(), BF16_BLOCKS,
+                        ends=padded_ends(offs, GROUP_PAD), **BF16_OPTIONS)
+
+
+def _operand(x: torch.Tensor) -> Operand:
+    """A contiguous (rows, K) bf16 operand of the kernels."""
+    return Operand(BF16, x, None, None, x.shape[0], x.shape[1])
