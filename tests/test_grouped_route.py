@@ -8,14 +8,13 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from test_sm100_grouped_native import fake_scaled_grouped_mm
-
 from autoprec.kernels import grouped_dispatch
 from autoprec.kernels.grouped import grouped_layout, grouped_mm
 from autoprec.kernels.grouped_route import grouped_route
 
 from helpers import stand_in_gpu
 from test_no_host_sync import HostReads
+from test_sm100_grouped_native import fake_scaled_grouped_mm
 
 BF16, FP32 = torch.bfloat16, torch.float32
 ENDS = [16, 16, 40, 64]  # an empty group; 64 tokens, 16 rows past the last offset
