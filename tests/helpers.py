@@ -76,3 +76,14 @@ def stand_in_gpu(monkeypatch, capability: tuple[int, int]) -> None:
 
     monkeypatch.setattr(dispatch, "device_capability", lambda device: capability)
     monkeypatch.setattr(dispatch, "triton_problem", lambda device, reason: reason)
+
+
+def record_calls(monkeypatch, module, name: str, calls: list) -> None:
+    """Replace ``module.name`` by a wrapper that appends ``(name, args)`` to ``calls``, then runs it."""
+    real = getattr(module, name)
+
+    def run(*args, **kwargs):
+        calls.append((name, args))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, run)

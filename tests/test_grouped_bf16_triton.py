@@ -10,7 +10,7 @@ from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.grouped_bf16_triton import bf16_grouped_problem
 from autoprec.kernels.grouped_route import grouped_route
 
-from helpers import stand_in_gpu
+from helpers import record_calls, stand_in_gpu
 from test_no_host_sync import HostReads
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -106,18 +106,9 @@ def test_sm80_compiled_moe_step_runs_its_bf16_experts_in_one_launch_each(monkeyp
     torch._dynamo.reset()
     stand_in_gpu(monkeypatch, (8, 0))
     launches = []
-
-    def counted(name: str):
-        real = getattr(grouped_mm_triton, name)
-
-        def run(*args, **kwargs):
-            launches.append(name)
-            return real(*args, **kwargs)
-        return run
-
     for name in ("launch_grouped", "launch_wgrad"):
-        monkeypatch.setattr(grouped_mm_triton, name, counted(name))
+        record_calls(monkeypatch, grouped_mm_triton, name, launches)
     got = step(seed_model)
-    assert sorted(launches) == ["launch_grouped"] * 4 + ["launch_wgrad"] * 2
+    assert sorted(name for name, _ in launches) == ["launch_grouped"] * 4 + ["launch_wgrad"] * 2
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=2**-7, atol=1e-3 * w.float().abs().max().item())

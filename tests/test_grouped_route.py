@@ -12,7 +12,7 @@ from autoprec.kernels import grouped_dispatch
 from autoprec.kernels.grouped import grouped_layout, grouped_mm
 from autoprec.kernels.grouped_route import grouped_route
 
-from helpers import stand_in_gpu
+from helpers import record_calls, stand_in_gpu
 from test_no_host_sync import HostReads
 from test_sm100_grouped_native import fake_scaled_grouped_mm
 
@@ -56,28 +56,19 @@ def run_as_gpu(monkeypatch, capability, fmt, layout, k, tile2d_b, out_dtype):
     record."""
     stand_in_gpu(monkeypatch, capability)
     monkeypatch.setattr(F, "scaled_grouped_mm", fake_scaled_grouped_mm, raising=False)  # torch's contract
-    ran = []
-
-    def recorded(name: str, path_arg: int):
-        real = getattr(grouped_dispatch, name)
-
-        def run(*args, **kwargs):
-            ran.append((name, args[path_arg]))
-            return real(*args, **kwargs)
-        return run
-
-    monkeypatch.setattr(grouped_dispatch, "experts_mm", recorded("experts_mm", 4))
-    monkeypatch.setattr(grouped_dispatch, "wgrad_mm", recorded("wgrad_mm", 4))
+    calls = []
+    for name in ("experts_mm", "wgrad_mm"):
+        record_calls(monkeypatch, grouped_dispatch, name, calls)
     a, b = operands(layout, k)
     offs = None if layout == "3d3d" else torch.tensor(ENDS, dtype=torch.int32)
     args = dict(rounding_a="sr", tile2d_b=tile2d_b, step=torch.tensor(3), out_dtype=out_dtype)
     route = grouped_route(a.device, grouped_layout(a.ndim, b.ndim, offs is not None), fmt, (a.dtype, b.dtype),
                           (a.shape, b.shape), tile2d_b, out_dtype)
     grouped_mm(a, b, offs, fmt, **args)
-    ran.clear()
+    calls.clear()
     with HostReads() as rec:
         grouped_mm(a, b, offs, fmt, **args)
-    return route, rec.found, ran
+    return route, rec.found, [(name, given[4]) for name, given in calls]  # both take the path 5th
 
 
 @pytest.mark.parametrize("capability,fmt,layout,k,tile2d_b,out_dtype,kind,path,read", CASES,
