@@ -6,7 +6,8 @@ The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native bl
 else the operands decoded to bf16 for cuBLAS's bf16 GEMM (``scaled_mm_decoded``, which recomputes in fp32, on
 the device, a product with values bf16 does not hold); in the interpreter or with ``AUTOPREC_KERNELS=triton``,
 Triton on tensor cores with tiles decoded in registers, or the fp32 Triton kernel for MXFP8 scale exponents
-outside bf16's range. The GPU paths read no device value on the host.
+outside bf16's range. A batched (B, M, K) x (B, K, N) product runs as one grouped GEMM of B equal groups on those
+devices (``batched``), not one GEMM per item. The GPU paths read no device value on the host.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.
@@ -223,10 +224,12 @@ def scaled_mm(
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``a @ b (+ bias)`` for a (M, K) blocked along K and b (K, N) blocked along K, or batches of
-    them (B, M, K) x (B, K, N); either may be a plain bfloat16 tensor. Accumulates in fp32 and rounds
-    once to ``out_dtype``."""
-    if len(_shape(a)) == 3:
-        return _batched_scaled_mm(a, b, bias, out_dtype)
+    them (B, M, K) x (B, K, N) (``batched.batched_scaled_mm``); either may be a plain bfloat16 tensor. Accumulates
+    in fp32 and rounds once to ``out_dtype``."""
+    if len(a.shape) == 3:
+        from autoprec.kernels.batched import batched_scaled_mm
+
+        return batched_scaled_mm(a, b, bias, out_dtype)
     oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
     if oa.k != ob.k:
         raise ValueError(f"scaled_mm: reduction dims differ, a has K={oa.k} and b has K={ob.k}")
@@ -248,7 +251,7 @@ def scaled_mm(
         from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
         return scaled_mm_triton(oa, ob, bias, out_dtype)  # tiles decoded in fp32, fp32 dot
-    return _reference_scaled_mm(a, b, bias, out_dtype)
+    return reference_scaled_mm(a, b, bias, out_dtype)
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
@@ -290,29 +293,7 @@ def torch_api_problem(name: str) -> str | None:
     return None
 
 
-def _shape(x: QuantizedTensor | torch.Tensor) -> tuple[int, ...]:
-    return tuple(x.shape)
-
-
-def _batch_item(x: QuantizedTensor | torch.Tensor, i: int) -> QuantizedTensor | torch.Tensor:
-    if not isinstance(x, QuantizedTensor):
-        return x[i]
-    scales = x.scales if x.tile_rows > 1 else x.scales[i]
-    return QuantizedTensor(x.fmt, x.codes[i], scales, x.tensor_scale, x.axis - 1, x.shape[1:], x.tile_rows)
-
-
-def _batched_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """Batched products: one fp32 batched matmul on the reference path, a loop of 2D kernels on Triton."""
-    if len(_shape(b)) != 3 or _shape(a)[0] != _shape(b)[0]:
-        raise ValueError(f"scaled_mm: batched shapes {_shape(a)} @ {_shape(b)} do not match")
-    device = (a.codes if isinstance(a, QuantizedTensor) else a).device
-    if use_triton(device, None):
-        items = [scaled_mm(_batch_item(a, i), _batch_item(b, i), bias, out_dtype) for i in range(_shape(a)[0])]
-        return torch.stack(items)
-    return _reference_scaled_mm(a, b, bias, out_dtype)
-
-
-def _reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
+def reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """Dequantized fp32 (batched) matmul, bias added in fp32, one rounding to ``out_dtype``."""
     y = torch.matmul(_values(a), _values(b))
     return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)

@@ -108,6 +108,24 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
     assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", None])
+def test_gpu_batched_matmul_is_one_gemm_matching_reference(monkeypatch, fmt):
+    """A planned bmm's product (16 attention heads' scores) on the GPU: one grouped GEMM (bf16: one batched matmul),
+    not one per head, against the reference's fp32 batched matmul."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(16, 300, 128, generator=gen), torch.randn(16, 128, 320, generator=gen)
+    qa, qb = (a.bfloat16(), b.bfloat16()) if fmt is None else (quantize_ref(a, fmt, 2), quantize_ref(b, fmt, 1))
+    dense = []
+    real = dispatch.scaled_mm
+    monkeypatch.setattr(dispatch, "scaled_mm", lambda *args: dense.append(1) or real(*args))
+    gpu = (lambda x: x.cuda()) if fmt is None else (lambda q: to_device(q, "cuda"))
+    got = dispatch.scaled_mm(gpu(qa), gpu(qb), None, torch.bfloat16).cpu()
+    assert len(dense) == 1, "no dense GEMM per batch item"
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = real(qa, qb, None, torch.float32)
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=2**-8 * want.abs().max().item())
+
+
 @pytest.mark.parametrize("fmt,rounding_a", [("nvfp4", "rne"), ("nvfp4", "sr"), ("mxfp8", "rne")])
 def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     """Experts' fprop / dgrad (2d x 3d) with an empty expert and a group across 128-row scale tiles: the native

@@ -108,7 +108,7 @@ def test_decoded_matmul_recomputes_values_bf16_does_not_hold():
     flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     assert not torch.equal(decode_bf16(oa, flag).float().cpu(), dequantize_ref(qa))
     assert flag.item() == 1
-    want = dispatch._reference_scaled_mm(qa, qb, None, torch.float32)
+    want = dispatch.reference_scaled_mm(qa, qb, None, torch.float32)
     for out_dtype in (torch.float32, torch.bfloat16):
         got = scaled_mm_decoded(oa, ob, None, out_dtype).cpu().float()
         tol = 1e-5 if out_dtype == torch.float32 else 2**-8
