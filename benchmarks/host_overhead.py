@@ -83,12 +83,17 @@ def per_op(calls: int) -> None:
     cols = quantize(w, "nvfp4", 0, "rne", 3, False, "rceil", False, 0, step)
     mx_rows = quantize(x, "mxfp8", 1, "rne", 3, False, "rceil", False, 0, step)
     mx_cols = quantize(w, "mxfp8", 0, "rne", 3, False, "rceil", False, 0, step)
+    heads = torch.randn(16, 64, 64)  # a bmm over 16 attention heads (eager attention's scores)
+    q_heads = quantize(heads, "nvfp4", 2, "rne", 3, False, "rceil", False, 0, step)
+    k_heads = quantize(heads, "nvfp4", 1, "rne", 3, False, "rceil", False, 0, step)
     ops = {
         "quantize nvfp4 rows, RNE": lambda: quantize(x, "nvfp4", 1, "rne", 3, False, "rceil", False, 0, step),
         "quantize nvfp4 cols, SR + RHT": lambda: quantize(x, "nvfp4", 0, "sr", 3, False, "rceil", True, 0, step),
         "quantize mxfp8 rows, RNE": lambda: quantize(x, "mxfp8", 1, "rne", 3, False, "rceil", False, 0, step),
         "scaled_mm nvfp4 x nvfp4": lambda: scaled_mm(*rows, "nvfp4", *cols, "nvfp4", 1, None, torch.bfloat16),
         "scaled_mm mxfp8 x mxfp8": lambda: scaled_mm(*mx_rows, "mxfp8", *mx_cols, "mxfp8", 1, None, torch.bfloat16),
+        "scaled_mm nvfp4, 16 heads (bmm)": lambda: scaled_mm(*q_heads, "nvfp4", *k_heads, "nvfp4", 1, None,
+                                                             torch.bfloat16),
         "grouped_mm nvfp4, 8 experts": lambda: grouped_mm(tokens, experts, offs, "nvfp4", rounding_a="sr", step=step,
                                                           out_dtype=torch.bfloat16),
     }
