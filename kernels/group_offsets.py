@@ -1,6 +1,6 @@
 """Device arithmetic on a grouped GEMM's cumulative group ends ``offs`` (groups along the token dim), nothing read
-on the host: group sizes, ends with each group padded to a multiple, where each padded position's element comes
-from, and zeroing the output no group writes."""
+on the host: group sizes, ends held to a valid partition, ends with each group padded to a multiple, where each
+padded position's element comes from, and zeroing the output no group writes."""
 from __future__ import annotations
 
 import torch
@@ -16,6 +16,12 @@ def padded_width(tokens: int, groups: int, multiple: int = GROUP_PAD) -> int:
 def group_sizes(ends: torch.Tensor) -> torch.Tensor:
     """Each group's size from cumulative ends (any integer dtype, kept)."""
     return torch.diff(ends, prepend=ends.new_zeros(1))
+
+
+def held_ends(ends: torch.Tensor, total: int) -> torch.Tensor:
+    """``ends`` held to a partition of 0 .. ``total``: each end within it and at least the one before (a new tensor,
+    ``ends``' dtype). Equal to ``ends`` where they are valid; for a kernel that trusts its offsets."""
+    return torch.cummax(ends.clamp(0, total), 0).values
 
 
 def padded_ends(ends: torch.Tensor, multiple: int) -> torch.Tensor:

@@ -30,6 +30,9 @@ grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these rea
 products (a reduction that is not whole blocks, 3d x 3d, a 2d x 2d product with 16x16 tiles, the CPU) quantize
 group by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
 runs is one decision, ``grouped_route``'s, which also says whether it reads the host.
+
+Offsets out of order or out of range raise on the host paths (``group_bounds``). The device paths never read them
+on the host: for such offsets their values are undefined, but no kernel reads or writes outside its tensors.
 """
 from __future__ import annotations
 

@@ -89,9 +89,11 @@ def grouped_mm_kernel(
         run = tl.load(flag_ptr)
     if run != 0:
         e = tl.arange(0, EP)  # groups 0 .. E-1, then the rows past the last offset as group E (EP > E)
-        ends = tl.load(offs_ptr + e, mask=e < E, other=T)
-        starts = tl.where(e == 0, 0, tl.load(offs_ptr + e - 1, mask=(e > 0) & (e <= E), other=T))
-        tiles = (ends - starts + BM - 1) // BM
+        # bounds held to 0 .. T and sizes to >= 0: offsets out of range touch no row past the tensors
+        ends = tl.minimum(tl.maximum(tl.load(offs_ptr + e, mask=e < E, other=T), 0), T)
+        starts = tl.where(e == 0, 0, tl.minimum(tl.maximum(tl.load(offs_ptr + e - 1, mask=(e > 0) & (e <= E),
+                                                                   other=T), 0), T))
+        tiles = tl.maximum(ends - starts + BM - 1, 0) // BM
         last_tile = tl.cumsum(tiles, 0)  # one past each group's last tile
         p = tl.program_id(0)
         g = tl.sum((last_tile <= p).to(tl.int32))
@@ -137,7 +139,8 @@ def grouped_wgrad_kernel(
         bc, bsc = from_row(b_codes, b_scales, n0, KP, B_KIND, 1)
         local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
         acc = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), tl.load(ends_ptr + g), BK):
+        lo = tl.maximum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), 0)  # held to 0 .. KP, whatever the ends
+        for k0 in range(lo, tl.minimum(tl.load(ends_ptr + g), KP), BK):
             a = operand_tile(ac, asc, local_m, k0, M - m0, KP, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
             b = operand_tile(bc, bsc, local_n, k0, N - n0, KP, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, 1, DOT)
             acc = accumulate(acc, a, b, DOT)

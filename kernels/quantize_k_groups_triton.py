@@ -36,36 +36,36 @@ from autoprec.kernels.quantize_triton import (
 
 
 @triton.jit
-def _k_group(offs_ptr, pad_ends_ptr, col0, E, EP: tl.constexpr):
+def _k_group(offs_ptr, pad_ends_ptr, col0, T, E, EP: tl.constexpr):
     """(group g of padded column ``col0``, E past the last group; its first token; its token count; its first
-    padded column)."""
+    padded column). Group bounds are held to 0 .. T: offsets out of range read no token past the input."""
     e = tl.arange(0, EP)
     g = tl.sum((tl.load(pad_ends_ptr + e, mask=e < E, other=0x7FFFFFFF) <= col0).to(tl.int32))
     first_col = tl.load(pad_ends_ptr + g - 1, mask=g > 0, other=0)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    end = tl.load(offs_ptr + g, mask=g < E, other=0)
+    start = tl.minimum(tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0), T)
+    end = tl.minimum(tl.maximum(tl.load(offs_ptr + g, mask=g < E, other=0), 0), T)
     return g, start, tl.maximum(end - start, 0), first_col
 
 
 @triton.jit
-def _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr,
-                BK: tl.constexpr, RHT: tl.constexpr):
+def _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, T, s_r, s_k, E, EP: tl.constexpr,
+                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """(g, the group's token count, the tile's first column within the group, the [BR, BK/16, 16] fp32 tile of
     padded columns ``col0`` on: the group's tokens, zeros past them, with the RHT along them)."""
-    g, start, n, first_col = _k_group(offs_ptr, pad_ends_ptr, col0, E, EP)
+    g, start, n, first_col = _k_group(offs_ptr, pad_ends_ptr, col0, T, E, EP)
     j0 = col0 - first_col
     y = _load_tile(x_ptr + tl.cast(start, tl.int64) * s_k, m_ptr, rows, j0, R, n, s_r, s_k, BR, BK, RHT)
     return g, n, j0, y
 
 
 @triton.jit
-def _k_groups_amax_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, amax_ptr, R, s_r, s_k, E, EP: tl.constexpr,
+def _k_groups_amax_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, amax_ptr, R, T, s_r, s_k, E, EP: tl.constexpr,
                           BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """Each group's max|x| over its finite values into the int32 ``amax_ptr[g]`` (E + 1 of them, zeroed first):
     one atomic per tile."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    g, _, _, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, tl.program_id(1) * BK, R, s_r, s_k, E, EP,
-                             BR, BK, RHT)
+    g, _, _, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, tl.program_id(1) * BK, R, T, s_r, s_k, E,
+                             EP, BR, BK, RHT)
     a = tl.abs(y)
     atomic_max_bits(amax_ptr + g, tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0))
 
@@ -83,14 +83,14 @@ def _sr_keys(seed, g, step_ptr, n, r_r, BLOCK: tl.constexpr, GROUP_ROWS: tl.cons
 @triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "KP", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
-                           R, KP, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                           R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                            RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
     """NVFP4 of tile (program ids) of the padded (R, KP) layout under its group's tensor scales (``k1``: the operand
     seed; SR index strides ``r_r``, ``r_k`` within the padded group); program (0, 0) writes every group's decode
     scale to ``ts_ptr``."""
     pid_r, col0 = tl.program_id(0), tl.program_id(1) * BK
     rows = pid_r * BR + tl.arange(0, BR)
-    g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, s_r, s_k, E, EP, BR, BK, RHT)
+    g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, T, s_r, s_k, E, EP, BR, BK, RHT)
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 16, GROUP_ROWS, SR)
     nvfp4_encode_store(y, amax_ptr, g, ts_ptr, False, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows,
                        col0, R, KP, pid_r, BR, BK, SR, 1, False, True)
@@ -103,14 +103,14 @@ def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
 @triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "KP", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
-                           R, KP, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                           EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr, EP: tl.constexpr,
-                           BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
+                           R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,
+                           BIAS: tl.constexpr, EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr,
+                           EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
                            GROUP_ROWS: tl.constexpr):
     """MXFP8 of tile (program ids) of the padded (R, KP) layout, SR bits from its group's stream."""
     col0 = tl.program_id(1) * BK
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, s_r, s_k, E, EP, BR, BK, RHT)
+    g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, T, s_r, s_k, E, EP, BR, BK, RHT)
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 32, GROUP_ROWS, SR)
     mxfp8_encode_store(y, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows, col0, R, KP, EBITS, MBITS,
                        BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
@@ -136,13 +136,13 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), kp // meta["BK"])  # noqa: E731
     # SR index within a padded group: (M, L) row-major for the left operand (its row stride, L, per group: the
     # kernel's GROUP_ROWS), (L, N) for the right one
-    view = dict(R=n_rows, KP=kp, s_r=m.stride(0), s_k=m.stride(1), r_r=1, r_k=1 if axis == 1 else n_rows, E=groups,
-                EP=ep, RHT=rht, SR=seed is not None, GROUP_ROWS=axis == 1)
+    view = dict(R=n_rows, KP=kp, T=tokens, s_r=m.stride(0), s_k=m.stride(1), r_r=1, r_k=1 if axis == 1 else n_rows,
+                E=groups, EP=ep, RHT=rht, SR=seed is not None, GROUP_ROWS=axis == 1)
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
-        _k_groups_amax_kernel[(cdiv(n_rows, AMAX_R), kp // BLOCK_K)](m, mt, offs, ends, amax, n_rows, m.stride(0),
-                                                                    m.stride(1), groups, EP=ep, BR=AMAX_R, BK=BLOCK_K,
-                                                                    RHT=rht)
+        _k_groups_amax_kernel[(cdiv(n_rows, AMAX_R), kp // BLOCK_K)](m, mt, offs, ends, amax, n_rows, tokens,
+                                                                    m.stride(0), m.stride(1), groups, EP=ep,
+                                                                    BR=AMAX_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(n_rows, kp // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty(n_rows, kp // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autoprec.kernels.group_offsets import group_sizes, padded_sources, padded_width, zero_unwritten
+from autoprec.kernels.group_offsets import group_sizes, held_ends, padded_sources, padded_width, zero_unwritten
 from autoprec.kernels.operand import KIND_NVFP4, Operand
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.scaled_mm_native import native_problem
@@ -117,6 +117,7 @@ def experts_native(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor)
     """The (T, N) bf16 experts product (2d x 3d) of token groups ``qa`` (ending at ``offs``) and expert weights
     ``qb``, rows past the last offset zero (``grouped_native_problem`` is None for them)."""
     nvfp4 = qa.tensor_scales is not None
+    offs = held_ends(offs, qa.shape[0])  # torch's kernel trusts them to stay within the tokens
     codes_b = qb.codes.view(torch.uint8).transpose(1, 2)  # (E, K, N) column-major
     out = _call(qa.codes.view(torch.uint8), codes_b, _row_group_scales(qa.scales, offs), _batch_scales(qb),
                 qa.tensor_scales, qb.tensor_scales, nvfp4, offs)
@@ -126,7 +127,7 @@ def experts_native(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor)
 def wgrad_native(a: Operand, b: Operand, ends: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The (E, M, N) bf16 experts wgrad (2d x 2d) of K-grouped ``a`` (M, KP) and ``b`` (N, KP) (padded ends
     ``ends``; ``offs`` the groups' own ends), an empty group's gradient zero."""
-    ends = ends.clone()
+    ends = held_ends(ends, a.k)  # a new tensor, within the columns whatever the model's offsets
     ends[-1:].fill_(a.k)  # the last group takes the trailing zero columns: the offsets end at KP (a fill, no copy)
     block = a.fmt.block_size
     scales = [_k_group_scales(op.scales, ends // block) for op in (a, b)]
