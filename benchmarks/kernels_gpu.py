@@ -202,7 +202,8 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
             continue
         row("bf16 F.grouped_mm", lambda a=a, b=b: F.grouped_mm(a, b, offs=offs), flops, ms_bf16, peak)
         for fmt in ("bf16", "nvfp4", "mxfp8"):  # autoprec's bf16 product, then the quantized ones
-            route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), False, torch.bfloat16)
+            route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), len(offs), False,
+                                  torch.bfloat16)
             note = f"{route.kind} {route.path or ''}".strip() + (f" ({route.why})" if route.why else "")
             run = lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16)  # noqa: E731
             per_group = mock.patch.object(grouped_dispatch, "grouped_gemm_path", lambda *_: ("per_group", "forced"))

@@ -3,12 +3,13 @@ GEMMs, experts run as a batched matmul over each token's gathered weights).
 
 Where Triton runs (a GPU; the interpreter under ``AUTOPREC_KERNELS=triton``), two quantized operands run as one
 grouped GEMM (``grouped_dispatch.experts_mm``): a's B items are B token groups of M rows, b's items the B
-"experts", the equal group ends made on the device. It takes the path ``grouped_gemm_path`` picks for the experts'
-2d x 3d product (sm_100's native grouped GEMM, sm_90's decoded one, Triton's in-register one), each group under the
-operand's one tensor scale. Two bf16 operands run torch's batched matmul accumulating in fp32. So a bmm is one GEMM
-launch, whatever its batch. A bf16 operand beside a quantized one, or an output dtype the grouped GEMMs do not
-write, runs one dense ``dispatch.scaled_mm`` per item. Elsewhere (the CPU) it is the reference: one fp32 batched
-matmul of the dequantized values. Every way equals the reference up to fp32 accumulation order.
+"experts". It takes the path ``grouped_gemm_path`` picks for the experts' 2d x 3d product (sm_100's native grouped
+GEMM, given the equal group ends made on the device, for batches up to torch's 1023 groups; else the one-launch
+Triton GEMM, sm_90's decoded one or the in-register one, whose tiles find their equal groups by division), each
+group under the operand's one tensor scale. Two bf16 operands run torch's batched matmul accumulating in fp32. So a
+bmm is one GEMM launch, whatever its batch. A bf16 operand beside a quantized one, or an output dtype the grouped
+GEMMs do not write, runs one dense ``dispatch.scaled_mm`` per item. Elsewhere (the CPU) it is the reference: one
+fp32 batched matmul of the dequantized values. Every way equals the reference up to fp32 accumulation order.
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ def batched_scaled_mm(a: Batched, b: Batched, bias: torch.Tensor | None, out_dty
     wide = torch.float32 if bias is not None else out_dtype  # the product before the bias, where there is one
     if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
         stand_ins = Operand(a.fmt, None, None, None, m, k), Operand(b.fmt, None, None, None, n, k)
-        path, _ = grouped_dispatch.grouped_gemm_path(dispatch.device_capability(device), "2d3d", *stand_ins, wide)
+        path, _ = grouped_dispatch.grouped_gemm_path(dispatch.device_capability(device), "2d3d", *stand_ins, wide,
+                                                     batch)
         if path != "per_group":
-            ends = torch.arange(m, batch * m + 1, m, device=device, dtype=torch.int32)
-            y = grouped_dispatch.experts_mm(_token_groups(a), _items(b), ends, wide, path).view(batch, m, n)
+            y = grouped_dispatch.experts_mm(_token_groups(a), _items(b), None, wide, path).view(batch, m, n)
             return _add_bias(y, bias, out_dtype)
     elif not isinstance(a, QuantizedTensor) and not isinstance(b, QuantizedTensor):
         y = torch.bmm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.bmm(a.float(), b.float())

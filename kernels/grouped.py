@@ -55,11 +55,16 @@ def grouped_layout(a_ndim: int, b_ndim: int, has_offs: bool) -> str | None:
     return None
 
 
+def group_count(a_shape, offs_shape, layout: str):
+    """How many groups a grouped product has: one per offset, or per batch item of 3d x 3d."""
+    return a_shape[0] if layout == "3d3d" else offs_shape[0]
+
+
 def grouped_output_shape(a_shape, b_shape, offs_shape, layout: str) -> tuple:
     """The output shape of a grouped product (sizes may be symbolic)."""
     if layout == "2d3d":
         return (a_shape[0], b_shape[-1])
-    groups = a_shape[0] if layout == "3d3d" else offs_shape[0]
+    groups = group_count(a_shape, offs_shape, layout)
     return (groups, a_shape[-2], b_shape[-1])
 
 
@@ -101,7 +106,8 @@ def grouped_mm(
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
     if not a.numel() or not b.numel():  # no tokens, experts or features: nothing to sum
         return a.new_zeros(shape, dtype=out_dtype)
-    route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), tile2d_b, out_dtype)
+    groups = group_count(a.shape, None if offs is None else offs.shape, layout)
+    route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, tile2d_b, out_dtype)
     if route.kind == "experts":
         qa = grouped_dispatch.quantize_row_groups(a, fmt, offs, rounding=rounding_a, seed=seeds[0], step=step,
                                                   scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)

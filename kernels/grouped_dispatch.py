@@ -111,10 +111,10 @@ def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor
 
 
 def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
-                      out_dtype: torch.dtype) -> tuple[str, str | None]:
-    """How a quantized grouped (experts) GEMM runs on a GPU of this compute capability (None: the Triton
-    interpreter), given one group's operands or shape-only stand-ins (every group shares their formats and the
-    dims not grouped), and why not natively: ``native_grouped``, ``decoded_grouped``, ``triton_grouped`` or
+                      out_dtype: torch.dtype, groups: int) -> tuple[str, str | None]:
+    """How a quantized grouped (experts) GEMM of ``groups`` groups runs on a GPU of this compute capability (None:
+    the Triton interpreter), given one group's operands or shape-only stand-ins (every group shares their formats
+    and the dims not grouped), and why not natively: ``native_grouped``, ``decoded_grouped``, ``triton_grouped`` or
     ``per_group`` (see the module doc)."""
     mode = kernel_mode()
     if mode not in ("auto", "triton"):
@@ -127,7 +127,7 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
     if capability[0] not in NATIVE_GROUPED_MAJORS:
         return "decoded_grouped", (f"sm_{capability[0]}{capability[1]}" + ("" if capability < NATIVE_CAPABILITY else
                                    " (torch's scaled_grouped_mm runs block-scaled groups on sm_100 only)"))
-    why = dispatch.torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype)
+    why = dispatch.torch_api_problem("scaled_grouped_mm") or grouped_native_problem(layout, a, b, out_dtype, groups)
     return ("native_grouped", None) if why is None else ("decoded_grouped", why)
 
 
@@ -162,19 +162,22 @@ def experts_operands(qa: QuantizedGroups, qb: QuantizedGroups) -> tuple[Operand,
     return a, b
 
 
-def experts_mm(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor, out_dtype: torch.dtype,
+def experts_mm(qa: QuantizedGroups, qb: QuantizedGroups, offs: torch.Tensor | None, out_dtype: torch.dtype,
                path: str) -> torch.Tensor:
-    """The experts' product (2d x 3d): token rows ``qa`` (T, K) in groups ending at ``offs`` times expert weights
-    ``qb`` (E, K, N), group g's rows by expert g's weight -> (T, N), rows past the last offset zero; on ``path``
-    (``grouped_route``'s)."""
+    """The experts' product (2d x 3d): token rows ``qa`` (T, K) in groups ending at ``offs`` (None: E groups of T / E
+    rows, a batched product) times expert weights ``qb`` (E, K, N), group g's rows by expert g's weight -> (T, N),
+    rows past the last offset zero; on ``path`` (``grouped_route``'s)."""
     (t, _), (experts, _, n) = qa.shape, qb.shape
-    if path == "native_grouped":
-        return experts_native(qa, qb, offs)
     if path in ("decoded_grouped", "triton_grouped"):
         from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded, grouped_mm_tc_triton
 
         run = grouped_mm_decoded if path == "decoded_grouped" else grouped_mm_tc_triton
-        return run(*experts_operands(qa, qb), experts, offs.to(torch.int32), out_dtype)
+        return run(*experts_operands(qa, qb), experts, None if offs is None else offs.to(torch.int32), out_dtype)
+    if offs is None:  # the equal groups' ends, made on the device
+        size = t // experts
+        offs = torch.arange(size, t + 1, size, device=qa.codes.device, dtype=torch.int32)
+    if path == "native_grouped":
+        return experts_native(qa, qb, offs)
     out = torch.zeros(t, n, device=qa.codes.device, dtype=out_dtype)
     for g, (s, e) in enumerate(group_bounds(offs, t)):
         if e > s:

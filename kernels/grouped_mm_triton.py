@@ -7,7 +7,8 @@ accumulation order (tiles decoded by ``scaled_mm_triton``'s ``decode_tile`` and 
   rows). Each group's rows are cut into row tiles of their own, the rows past the last offset into tiles written
   as zeros; a program finds its tile from the groups' tile counts, summed in the kernel from the cumulative ends
   (the grid, ``ceil(T / BM) + E + 1`` row tiles, covers any group sizes), so every tile runs one K loop for one
-  expert, however small the groups.
+  expert, however small the groups. A batched product's E equal groups of T / E rows (``offs`` None) find their
+  tiles by division instead, with no offsets to read or sum (a batch may have thousands of items).
 - 2d x 2d (wgrad; ``grouped_wgrad_kernel``): C_g = A_g · B_gᵀ, reduced over group g's tokens. A (M, KP) and B
   (N, KP) are K-grouped (``quantize_k_groups_triton``: each group's padded columns between its padded ends); grid
   axis 2 is the group, whose K loop runs over its own columns; an empty group's product is zero.
@@ -71,35 +72,48 @@ def group_tensor_scales(acc, a_ts, b_ts, g, A_TS: tl.constexpr, B_TS: tl.constex
 
 
 @triton.jit
+def _tile_group(offs_ptr, p, T, E, EP: tl.constexpr, BM: tl.constexpr, EQUAL: tl.constexpr):
+    """(g, g's first row tile, g's first row, one past its last row) of row tile ``p``: the group whose tiles hold
+    it (E: the rows past the last offset; past E: a tile past the last). EQUAL: E groups of T / E rows (a batched
+    product), no offsets read; else the groups' tile counts summed from the cumulative ends at ``offs_ptr``."""
+    if EQUAL:
+        size = T // E
+        per = (size + BM - 1) // BM
+        g = p // per
+        return g, g * per, g * size, g * size + size
+    e = tl.arange(0, EP)  # groups 0 .. E-1, then the rows past the last offset as group E (EP > E)
+    # bounds held to 0 .. T and sizes to >= 0: offsets out of range touch no row past the tensors
+    ends = tl.minimum(tl.maximum(tl.load(offs_ptr + e, mask=e < E, other=T), 0), T)
+    starts = tl.where(e == 0, 0, tl.minimum(tl.maximum(tl.load(offs_ptr + e - 1, mask=(e > 0) & (e <= E), other=T),
+                                                       0), T))
+    tiles = tl.maximum(ends - starts + BM - 1, 0) // BM
+    last_tile = tl.cumsum(tiles, 0)  # one past each group's last tile
+    g = tl.sum((last_tile <= p).to(tl.int32))
+    first = tl.sum(tl.where(e == g, last_tile - tiles, 0))
+    return g, first, tl.sum(tl.where(e == g, starts, 0)), tl.sum(tl.where(e == g, ends, 0))
+
+
+@triton.jit
 def grouped_mm_kernel(
     a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, offs_ptr, out_ptr, flag_ptr, T, N, K, E, b_step, bs_step,
     A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
     B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
     B_TILE_ROWS: tl.constexpr, A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, EP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
+    EQUAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+    GUARDED: tl.constexpr,
 ):
     """Output tile (program ids) of the grouped product: program p of axis 0 takes the p-th row tile of the groups'
-    tiles, each group's rows cut into tiles of its own (the groups' tile counts summed in the kernel), plus the tiles
-    of the rows past the last offset, which it writes as zeros; programs past the last tile do nothing. Expert g's
-    B codes and scales start ``g·b_step`` and ``g·bs_step`` elements in, its tensor scales (A_TS, B_TS) are
-    ``a_ts[g]``, ``b_ts[g]``. GUARDED: as ``scaled_mm_kernel``'s (run only where the int32 at ``flag_ptr`` is
-    set)."""
+    tiles, each group's rows cut into tiles of its own (``_tile_group``), plus the tiles of the rows past the last
+    offset, which it writes as zeros; programs past the last tile do nothing. Expert g's B codes and scales start
+    ``g·b_step`` and ``g·bs_step`` elements in, its tensor scales (A_TS, B_TS) are ``a_ts[g]``, ``b_ts[g]``.
+    GUARDED: as ``scaled_mm_kernel``'s (run only where the int32 at ``flag_ptr`` is set)."""
     run = 1
     if GUARDED:
         run = tl.load(flag_ptr)
     if run != 0:
-        e = tl.arange(0, EP)  # groups 0 .. E-1, then the rows past the last offset as group E (EP > E)
-        # bounds held to 0 .. T and sizes to >= 0: offsets out of range touch no row past the tensors
-        ends = tl.minimum(tl.maximum(tl.load(offs_ptr + e, mask=e < E, other=T), 0), T)
-        starts = tl.where(e == 0, 0, tl.minimum(tl.maximum(tl.load(offs_ptr + e - 1, mask=(e > 0) & (e <= E),
-                                                                   other=T), 0), T))
-        tiles = tl.maximum(ends - starts + BM - 1, 0) // BM
-        last_tile = tl.cumsum(tiles, 0)  # one past each group's last tile
         p = tl.program_id(0)
-        g = tl.sum((last_tile <= p).to(tl.int32))
+        g, first, start, end = _tile_group(offs_ptr, p, T, E, EP, BM, EQUAL)
         if g <= E:
-            first = tl.sum(tl.where(e == g, last_tile - tiles, 0))
-            start, end = tl.sum(tl.where(e == g, starts, 0)), tl.sum(tl.where(e == g, ends, 0))
             top = start + (p - first) * BM  # the tile's first row; its rows indexed from there
             rm = tl.arange(0, BM)
             rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -171,19 +185,22 @@ def _out(out: torch.Tensor) -> torch.Tensor:
 
 
 def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.Tensor | None, out: torch.Tensor,
-                   dot: int, blocks: tuple[int, int, int], *, experts: int, offs: torch.Tensor,
+                   dot: int, blocks: tuple[int, int, int], *, experts: int, offs: torch.Tensor | None,
                    flag: torch.Tensor | None = None, **options) -> torch.Tensor:
     """Run the 2d x 3d kernel into ``out`` (T, N): ``a`` the (T, K) token rows, ``b`` the ``experts`` (N, K)
     operands stacked (E·N rows), ``a_ts`` / ``b_ts`` one tensor scale per group (None: none to apply), ``offs``
-    the E cumulative ends (int32, on the device); ``flag``: as ``scaled_mm_triton.launch`` takes it."""
+    the E cumulative ends (int32, on the device; None: E groups of T / E rows, a batched product); ``flag``: as
+    ``scaled_mm_triton.launch`` takes it."""
     t, k, n = a.rows, a.k, b.rows // experts
     (b_codes, b_scales, _), b_meta = kernel_args(b)
-    grid = (cdiv(t, blocks[0]) + experts + 1, cdiv(n, blocks[1]))  # at most one partial tile per group and the tail
-    grouped_mm_kernel[grid](
-        *_args(a, b, a_ts, b_ts, out), offs, _out(out), out if flag is None else flag, t, n, k, experts,
-        b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
-        b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=triton.next_power_of_2(experts + 1),
-        **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
+    equal = offs is None
+    # at most one partial tile per group and the tail; E whole runs of tiles for equal groups
+    tiles = experts * cdiv(t // experts, blocks[0]) if equal else cdiv(t, blocks[0]) + experts + 1
+    grouped_mm_kernel[(tiles, cdiv(n, blocks[1]))](
+        *_args(a, b, a_ts, b_ts, out), out if equal else offs, _out(out), out if flag is None else flag, t, n, k,
+        experts, b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
+        b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=1 if equal else triton.next_power_of_2(experts + 1),
+        EQUAL=equal, **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
     )
     return out
 
@@ -242,15 +259,15 @@ def _wgrad_out(a: Operand, b: Operand, ends: torch.Tensor, out_dtype: torch.dtyp
     return torch.empty(ends.shape[0], a.rows, b.rows, device=a.codes.device, dtype=out_dtype)
 
 
-def grouped_mm_tc_triton(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
+def grouped_mm_tc_triton(a: Operand, b: Operand, experts: int, offs: torch.Tensor | None,
                          out_dtype: torch.dtype) -> torch.Tensor:
-    """(T, N) 2d x 3d product of quantized ``a`` and ``b`` (``launch_grouped``'s layout, NVFP4 tensor scales one per
-    group), tiles decoded in registers."""
+    """(T, N) 2d x 3d product of quantized ``a`` and ``b`` (``launch_grouped``'s layout and ``offs``, NVFP4 tensor
+    scales one per group), tiles decoded in registers."""
     return _in_registers(partial(launch_grouped, experts=experts, offs=offs), a, b,
                          _experts_out(a, b, experts, out_dtype))
 
 
-def grouped_mm_decoded(a: Operand, b: Operand, experts: int, offs: torch.Tensor,
+def grouped_mm_decoded(a: Operand, b: Operand, experts: int, offs: torch.Tensor | None,
                        out_dtype: torch.dtype) -> torch.Tensor:
     """``grouped_mm_tc_triton``'s product with the operands decoded to bf16 in memory first."""
     return _decoded(partial(launch_grouped, experts=experts, offs=offs), a, b, _experts_out(a, b, experts, out_dtype))

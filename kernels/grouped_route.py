@@ -49,13 +49,13 @@ class GroupedRoute:
 
 
 def grouped_route(device: torch.device, layout: str, fmt: str, dtypes: tuple[torch.dtype, torch.dtype],
-                  shapes: tuple[tuple, tuple], tile2d_b: bool, out_dtype: torch.dtype) -> GroupedRoute:
+                  shapes: tuple[tuple, tuple], groups: int, tile2d_b: bool, out_dtype: torch.dtype) -> GroupedRoute:
     """The route of ``grouped.grouped_mm`` in ``fmt`` on operands of these dtypes and shapes (sizes may be symbolic:
-    a route that needs a size it cannot read takes the per-group one) on ``device``. Off a CUDA device every route
-    reads the host ("not a CUDA device")."""
+    a route that needs a size it cannot read takes the per-group one), in ``groups`` groups, on ``device``. Off a
+    CUDA device every route reads the host ("not a CUDA device")."""
     capability = dispatch.device_capability(device)
     if fmt == EXACT or not get_format(fmt).quantized:
-        why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes)
+        why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes, groups)
         if why is None:
             route = GroupedRoute("torch", None, None, None)
         elif (triton := bf16_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype)
@@ -66,14 +66,15 @@ def grouped_route(device: torch.device, layout: str, fmt: str, dtypes: tuple[tor
             route = GroupedRoute("loop", None, why, None if layout == "3d3d" else
                                  f"a {fmt} grouped product runs one GEMM per group: {why}")
     else:
-        route = _quantized_route(device, capability, layout, get_format(fmt), dtypes, shapes, tile2d_b, out_dtype)
+        route = _quantized_route(device, capability, layout, get_format(fmt), dtypes, shapes, groups, tile2d_b,
+                                 out_dtype)
     if capability is None:
         return GroupedRoute(route.kind, route.path, route.why, "not a CUDA device")
     return route
 
 
 def _quantized_route(device: torch.device, capability: tuple[int, int] | None, layout: str, fmt: Format,
-                     dtypes: tuple[torch.dtype, torch.dtype], shapes: tuple[tuple, tuple], tile2d_b: bool,
+                     dtypes: tuple[torch.dtype, torch.dtype], shapes: tuple[tuple, tuple], groups: int, tile2d_b: bool,
                      out_dtype: torch.dtype) -> GroupedRoute:
     a_shape, b_shape = shapes
     if layout == "3d3d":
@@ -93,7 +94,7 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
         quantizers = dispatch.triton_problem(device, quantizers)
         tile_rows = 16 if tile2d_b else 1
         a, b = Operand(fmt, None, None, None, ANY_TOKENS, k), Operand(fmt, None, None, None, b_shape[2], k, tile_rows)
-        path, why = _gemm_path(device, capability, layout, a, b, out_dtype)
+        path, why = _gemm_path(device, capability, layout, a, b, out_dtype, groups)
         read = (quantizers and f"the token groups are quantized one by one: {quantizers}"
                 or _gemm_host_read(path, why, fmt, capability))
         return GroupedRoute("experts", path, quantizers or why, read)
@@ -105,7 +106,7 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
     why = dispatch.triton_problem(device, quantizers)
     if why is None:  # the K-grouped quantizers pad every group to whole multiples of GROUP_PAD tokens
         a, b = (Operand(fmt, None, None, None, rows, GROUP_PAD) for rows in (a_shape[0], b_shape[1]))
-        path, why = grouped_dispatch.grouped_gemm_path(capability, layout, a, b, out_dtype)
+        path, why = grouped_dispatch.grouped_gemm_path(capability, layout, a, b, out_dtype, groups)
         if path != "per_group":
             return GroupedRoute("wgrad", path, why, _gemm_host_read(path, why, fmt, capability))
     why = f"a 2d x 2d product runs per group: {why}"
@@ -113,14 +114,14 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
 
 
 def _gemm_path(device: torch.device, capability: tuple[int, int] | None, layout: str, a: Operand, b: Operand,
-               out_dtype: torch.dtype) -> tuple[str, str | None]:
+               out_dtype: torch.dtype, groups: int) -> tuple[str, str | None]:
     """The grouped GEMM's path of quantized groups: ``grouped_gemm_path``'s on a GPU or where Triton runs, else
     ``per_group`` (the CPU's reference kernels)."""
     if capability is None:
         why = dispatch.triton_problem(device, dispatch.scaled_mm_supports(a, b, out_dtype))
         if why is not None:
             return "per_group", why
-    return grouped_dispatch.grouped_gemm_path(capability, layout, a, b, out_dtype)
+    return grouped_dispatch.grouped_gemm_path(capability, layout, a, b, out_dtype, groups)
 
 
 def _gemm_host_read(path: str, why: str | None, fmt: Format, capability: tuple[int, int] | None) -> str | None:

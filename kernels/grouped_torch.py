@@ -16,6 +16,7 @@ from autoprec.kernels.group_offsets import zero_unwritten
 from autoprec.kernels.mode import kernel_mode
 
 TORCH_GROUPED_MAJORS = (9, 10)  # compute capability majors where aten._grouped_mm runs CUTLASS on bf16
+TORCH_MAX_GROUPS = 1023  # torch's grouped GEMMs (bf16 and block-scaled) refuse 1024 groups or more
 ALIGN = 8  # elements: 16 bytes of bf16, for the strides and start of every operand
 
 
@@ -25,18 +26,28 @@ def jagged_dims(layout: str) -> tuple[int | None, int | None]:
 
 
 def torch_grouped_problem(capability: tuple[int, int] | None, layout: str, exact: bool,
-                          dtypes: tuple[torch.dtype, ...], out_dtype: torch.dtype, shapes: tuple[tuple, ...]
-                          ) -> str | None:
+                          dtypes: tuple[torch.dtype, ...], out_dtype: torch.dtype, shapes: tuple[tuple, ...],
+                          groups: int) -> str | None:
     """Why torch's grouped GEMM would not run an unquantized product (``exact``: in the operands' dtype, else in
-    bf16) of operands of these dtypes and shapes with the offsets on the device; None where it does."""
+    bf16) of operands of these dtypes and shapes in ``groups`` groups with the offsets on the device; None where it
+    does."""
     if capability is None or capability[0] not in TORCH_GROUPED_MAJORS:
         return "torch's grouped GEMM runs its kernel on sm_90 and sm_100 only"
     if kernel_mode() != "auto":
         return f"AUTOPREC_KERNELS={kernel_mode()}"
     if out_dtype != torch.bfloat16 or exact and any(d != torch.bfloat16 for d in dtypes):
         return f"operands {dtypes} and output {out_dtype}: torch's grouped GEMM takes bf16 only"
+    if too_many_groups(groups):
+        return too_many_groups(groups)
     if not all(_alignable(shape, jagged) for shape, jagged in zip(shapes, jagged_dims(layout))):
         return f"shapes {[tuple(s) for s in shapes]}: no layout with strides of whole 16 bytes"
+    return None
+
+
+def too_many_groups(groups) -> str | None:
+    """Why torch's grouped GEMMs would refuse this many groups (a symbolic count: it may be too many), or None."""
+    if not isinstance(groups, int) or groups > TORCH_MAX_GROUPS:
+        return f"{groups} groups (torch's grouped GEMMs take at most {TORCH_MAX_GROUPS})"
     return None
 
 

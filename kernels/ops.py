@@ -196,7 +196,8 @@ def grouped_mm(
     naming why (a capture cannot hold the read)."""
     if a.is_cuda and torch.cuda.is_current_stream_capturing():
         layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
-        why = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), tile2d_b,
+        groups = grouped.group_count(a.shape, None if offs is None else offs.shape, layout)
+        why = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, tile2d_b,
                             out_dtype).host_read
         if why:
             raise RuntimeError(f"autoprec grouped_mm inside a CUDA graph capture would read the host: {why}")

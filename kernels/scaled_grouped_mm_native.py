@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from autoprec.kernels.group_offsets import group_sizes, held_ends, padded_sources, padded_width, zero_unwritten
+from autoprec.kernels.grouped_torch import too_many_groups
 from autoprec.kernels.operand import KIND_NVFP4, Operand
 from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.scaled_mm_native import native_problem
@@ -42,12 +43,14 @@ TILE = TILE_ROWS * TILE_COLS  # scales per swizzled tile
 NATIVE_GROUPED_MAJORS = (10,)
 
 
-def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
-    """Why the native grouped GEMM does not take a grouped product with operands like ``a`` and ``b`` (one
-    group's, or a shape-only stand-in; every group shares their formats and the dims not grouped), None when it
-    does."""
+def grouped_native_problem(layout: str, a: Operand, b: Operand, out_dtype: torch.dtype, groups: int) -> str | None:
+    """Why the native grouped GEMM does not take a grouped product in ``groups`` groups with operands like ``a`` and
+    ``b`` (one group's, or a shape-only stand-in; every group shares their formats and the dims not grouped), None
+    when it does."""
     if layout not in ("2d3d", "2d2d"):
         return f"layout {layout} (the native grouped GEMM runs 2d x 3d and 2d x 2d)"
+    if too_many_groups(groups):
+        return too_many_groups(groups)
     if out_dtype != torch.bfloat16:
         return f"out_dtype {out_dtype} (the native grouped GEMM writes bfloat16)"
     if a.rows == 0 or b.rows == 0:

@@ -12,6 +12,7 @@ from torch._guards import detect_fake_mode
 
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import get_format
+from autoprec.kernels.grouped import group_count
 from autoprec.kernels.grouped_route import grouped_route
 from autoprec.options import CompileOptions
 from autoprec.passes.candidates import grouped_config, operand_config
@@ -72,7 +73,8 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
             cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, out_dtype)
     a, b = mm.a.meta["val"], mm.b.meta["val"]
-    route = grouped_route(a.device, mm.layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), cfg["tile2d_b"],
+    groups = group_count(a.shape, None if mm.offs is None else mm.offs.meta["val"].shape, mm.layout)
+    route = grouped_route(a.device, mm.layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, cfg["tile2d_b"],
                           out_dtype)
     op = autoprec_ops.grouped_mm if route.host_read else autoprec_ops.grouped_mm_on_device
     return add_like(graph, op.default, args, node, tag)

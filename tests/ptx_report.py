@@ -184,7 +184,7 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     """The wgrad operands' K-grouped quantizers (bf16, SR, RHT, 64 groups) at their autotuned tiles, and their amax."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "step_ptr": "*i64",
             "k1": "i32", "codes_ptr": "*u8", "scales_ptr": "*u8"}
-    sizes = {"R": "i32", "KP": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32", "E": "i32"}
+    sizes = {"R": "i32", "KP": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32", "E": "i32"}
     out = []
     for cfg in kg.NVFP4_CONFIGS:
         tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": 64, "RHT": True, "SR": True, "GROUP_ROWS": True}
@@ -194,7 +194,7 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
         if cfg in kg.MXFP8_CONFIGS:
             out.append((f"k_groups_quantize_mxfp8_{tag}", kg._mxfp8_k_groups_kernel.fn, head | sizes, tile | mx, opts))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "amax_ptr": "*i32",
-            "R": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
+            "R": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
     out.append(("k_groups_quantize_amax", kg._k_groups_amax_kernel, amax,
                 {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {}))
     return out
@@ -203,7 +203,8 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
     """The experts' one-launch GEMMs, 2d x 3d (up to 63 groups) and the wgrad's 2d x 2d, bf16 out: tiles decoded in
     registers (NVFP4, with 16x16 weight tiles for 2d x 3d; MXFP8), pre-decoded bf16 tiles with NVFP4's per-group
-    tensor scales, and the guarded fp32 recompute."""
+    tensor scales, and the guarded fp32 recompute; and the 2d x 3d kernel's equal groups (a batched product) as
+    sm_90 runs them, pre-decoded bf16 tiles and the recompute."""
     sig = {k: v for k, v in POINTERS.items() if k not in ("bias_ptr", "M", "N", "K")} | {
         "offs_ptr": "*i32", "out_ptr": "*i16", "T": "i32", "N": "i32", "K": "i32", "E": "i32", "b_step": "i32",
         "bs_step": "i32"}
@@ -213,15 +214,16 @@ def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
         meta = ({"KIND": 2, "EBITS": 0, "MBITS": 0, "BIAS": 0, "INF": False} if fmt == "bf16"
                 else operand_meta(fmt))  # kernel_args' meta of a bf16 operand
         meta = {f"{side}_{k}": v for k, v in meta.items() for side in "AB"} | {"B_TILE_ROWS": tile_rows}
-        return meta | {"A_TS": scaled, "B_TS": scaled, "OUT_BF16": True, "EP": 64, "BM": blocks[0], "BN": blocks[1],
-                       "BK": blocks[2], "DOT": dot, "GUARDED": False}
+        return meta | {"A_TS": scaled, "B_TS": scaled, "OUT_BF16": True, "EP": 64, "EQUAL": False, "BM": blocks[0],
+                       "BN": blocks[1], "BK": blocks[2], "DOT": dot, "GUARDED": False}
 
     wgrad_sig = {k: v for k, v in sig.items() if k not in ("offs_ptr", "T", "E", "b_step", "bs_step")} | {
         "ends_ptr": "*i32", "M": "i32", "KP": "i32"}
     wgrad_sig = {name: wgrad_sig[name] for name in gg.grouped_wgrad_kernel.arg_names if name in wgrad_sig}
     out = []
+    wgrad_drop = ("B_TILE_ROWS", "EP", "EQUAL")
     for name, kernel, signature, drop in (("gemm", gg.grouped_mm_kernel, sig, ()),
-                                          ("wgrad", gg.grouped_wgrad_kernel, wgrad_sig, ("B_TILE_ROWS", "EP"))):
+                                          ("wgrad", gg.grouped_wgrad_kernel, wgrad_sig, wgrad_drop)):
         def spec(fmt, blocks, dot, **kw):
             return {k: v for k, v in const(fmt, blocks, dot, **kw).items() if k not in drop}
 
@@ -235,7 +237,12 @@ def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
                                                                         scaled=True), gg.BF16_OPTIONS),
                 (f"fp32_grouped_{name}_mxfp8", kernel, signature,
                  spec("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True}, {})]
-    return out
+    equal = {"EQUAL": True, "EP": 1}
+    bf16 = sig | {"a_codes": "*bf16", "b_codes": "*bf16"}
+    return out + [("tensor_core_grouped_batched_bf16", gg.grouped_mm_kernel, bf16,
+                   const("bf16", gg.BF16_BLOCKS, fp32.DOT_BF16, scaled=True) | equal, gg.BF16_OPTIONS),
+                  ("fp32_grouped_batched_mxfp8", gg.grouped_mm_kernel, sig,
+                   const("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True} | equal, {})]
 
 
 def sass_instructions(cubin: bytes) -> int:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from autoprec.kernels import dispatch, grouped_dispatch
+from autoprec.kernels.operand import Operand
 
 from helpers import record_calls, stand_in_gpu
 from test_no_host_sync import HostReads
@@ -103,3 +104,19 @@ def test_batched_operands_are_checked():
         dispatch.scaled_mm(a, b, torch.zeros(K))
     with pytest.raises(TypeError, match="operand b must be a QuantizedTensor or bfloat16, got torch.float32"):
         dispatch.scaled_mm(a, torch.randn(B, K, N))
+
+
+def test_sm100_batch_of_1024_items_runs_the_one_launch_triton_gemm(monkeypatch):
+    """torch's grouped GEMMs refuse 1024 groups or more: such a batch (32 sequences x 32 heads) runs the one-launch
+    Triton GEMM (its equal groups found without offsets; numerics as above), saying why."""
+    stand_in_gpu(monkeypatch, (10, 0))
+    gen = torch.Generator().manual_seed(1)
+    a = dispatch.quantize(torch.randn(1024, 1, 32, generator=gen), "mxfp8", 2)
+    b = dispatch.quantize(torch.randn(1024, 32, 16, generator=gen), "mxfp8", 1)
+    paths: list = []
+    monkeypatch.setattr(grouped_dispatch, "experts_mm",
+                        lambda qa, qb, offs, out_dtype, path: paths.append(path) or torch.zeros(1024, 16))
+    assert dispatch.scaled_mm(a, b, None, torch.bfloat16).shape == (1024, 1, 16) and paths == ["decoded_grouped"]
+    ops = (Operand(a.fmt, None, None, None, 1, 32), Operand(b.fmt, None, None, None, 16, 32))
+    assert "1024 groups (torch's grouped GEMMs take at most 1023)" in grouped_dispatch.grouped_gemm_path(
+        (10, 0), "2d3d", *ops, torch.bfloat16, 1024)[1]

@@ -137,7 +137,7 @@ def test_gpu_grouped_matmul_matches_reference(monkeypatch, fmt, rounding_a):
     args = dict(rounding_a=rounding_a, seeds=(3, 4), step=1, out_dtype=torch.bfloat16)
     qa, qb = (as_operand(quantize_ref(x, fmt, axis), axis, name) for x, axis, name in ((a, 1, "a"), (w[0], 0, "b")))
     capability = torch.cuda.get_device_capability()
-    path, _ = grouped_dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16)
+    path, _ = grouped_dispatch.grouped_gemm_path(capability, "2d3d", qa, qb, torch.bfloat16, len(offs))
     assert path == ("native_grouped" if capability >= (10, 0) else "decoded_grouped")
     got = grouped_mm(a.cuda(), w.cuda(), offs.cuda(), fmt, **args).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
@@ -209,7 +209,7 @@ def test_gpu_bf16_experts_gemms_torch_does_not_take_run_in_one_triton_launch(out
     cases = ((x, w), (x.t(), dy))  # fprop, wgrad
     want = [grouped_mm(a, b, offs, "exact", out_dtype=out_dtype) for a, b in cases]
     gpu, offs = [(a.cuda(), b.cuda()) for a, b in cases], offs.cuda()
-    route = grouped_route(x.cuda().device, "2d3d", "exact", (torch.bfloat16,) * 2, (x.shape, w.shape), False,
+    route = grouped_route(x.cuda().device, "2d3d", "exact", (torch.bfloat16,) * 2, (x.shape, w.shape), len(w), False,
                           out_dtype)
     assert (route.kind, route.host_read) == ("triton_bf16", None)
     for a, b in gpu:  # compiles and tunes outside the check

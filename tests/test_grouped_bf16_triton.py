@@ -48,7 +48,7 @@ def test_sm80_bf16_experts_gemm_in_one_launch_equals_the_loop(monkeypatch, poiso
     a, b = operands(layout, dtype)
     want = grouped_mm(a, b, OFFS, fmt, out_dtype=out_dtype)
     stand_in_gpu(monkeypatch, (8, 0))
-    route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), False, out_dtype)
+    route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), len(OFFS), False, out_dtype)
     assert (route.kind, route.host_read) == ("triton_bf16", None)
     with HostReads() as rec:
         got = grouped_mm(a, b, OFFS, fmt, out_dtype=out_dtype)

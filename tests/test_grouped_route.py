@@ -9,7 +9,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from autoprec.kernels import grouped_dispatch
-from autoprec.kernels.grouped import grouped_layout, grouped_mm
+from autoprec.kernels.grouped import group_count, grouped_layout, grouped_mm
 from autoprec.kernels.grouped_route import grouped_route
 
 from helpers import record_calls, stand_in_gpu
@@ -62,8 +62,9 @@ def run_as_gpu(monkeypatch, capability, fmt, layout, k, tile2d_b, out_dtype):
     a, b = operands(layout, k)
     offs = None if layout == "3d3d" else torch.tensor(ENDS, dtype=torch.int32)
     args = dict(rounding_a="sr", tile2d_b=tile2d_b, step=torch.tensor(3), out_dtype=out_dtype)
-    route = grouped_route(a.device, grouped_layout(a.ndim, b.ndim, offs is not None), fmt, (a.dtype, b.dtype),
-                          (a.shape, b.shape), tile2d_b, out_dtype)
+    layout = grouped_layout(a.ndim, b.ndim, offs is not None)
+    groups = group_count(a.shape, None if offs is None else offs.shape, layout)
+    route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, tile2d_b, out_dtype)
     grouped_mm(a, b, offs, fmt, **args)
     calls.clear()
     with HostReads() as rec:
@@ -96,7 +97,7 @@ def test_sm90_forced_triton_kernel_reads_mxfp8_scales_on_the_host(monkeypatch, f
 
 def test_routes_off_a_gpu_say_so():
     """On the CPU every route is host work ("not a CUDA device"); auto mode there quantizes group by group."""
-    route = grouped_route(torch.device("cpu"), "2d3d", "nvfp4", (BF16, BF16), ((T, K), (4, K, N)), False, BF16)
+    route = grouped_route(torch.device("cpu"), "2d3d", "nvfp4", (BF16, BF16), ((T, K), (4, K, N)), 4, False, BF16)
     assert (route.kind, route.path, route.host_read) == ("experts", "per_group", "not a CUDA device")
 
 
@@ -110,7 +111,7 @@ def test_symbolic_sizes_route_as_compiled_graphs_need(monkeypatch):
     env = ShapeEnv()
     tokens, hidden = env.create_unbacked_symint(), env.create_unbacked_symint()
     for layout, shapes in (("2d3d", ((tokens, K), (4, K, N))), ("2d2d", ((K, tokens), (tokens, N)))):
-        route = grouped_route(torch.device("cpu"), layout, "nvfp4", (BF16, BF16), shapes, False, BF16)
+        route = grouped_route(torch.device("cpu"), layout, "nvfp4", (BF16, BF16), shapes, 4, False, BF16)
         assert (route.path, route.host_read) == ("decoded_grouped", None)
-    route = grouped_route(torch.device("cpu"), "2d2d", "nvfp4", (BF16, BF16), ((hidden, T), (T, N)), False, BF16)
+    route = grouped_route(torch.device("cpu"), "2d2d", "nvfp4", (BF16, BF16), ((hidden, T), (T, N)), 4, False, BF16)
     assert route.kind == "per_group" and "symbolic" in route.host_read

@@ -87,13 +87,16 @@ def test_torch_grouped_mm_copies_operands_its_kernel_would_not_take(poisoned):
     ((8, 0), "2d3d", True, (BF16, BF16), BF16, ((64, 32), (4, 32, 48)), "sm_90 and sm_100 only"),
     ((12, 0), "2d3d", True, (BF16, BF16), BF16, ((64, 32), (4, 32, 48)), "sm_90 and sm_100 only"),
     (None, "2d3d", True, (BF16, BF16), BF16, ((64, 32), (4, 32, 48)), "sm_90 and sm_100 only"),
+    ((10, 0), "2d3d", True, (BF16, BF16), BF16, ((64, 32), (1024, 32, 48)), "take at most 1023"),
+    ((9, 0), "3d3d", True, (BF16, BF16), BF16, ((1024, 64, 32), (1024, 32, 48)), "1024 groups"),  # a batched product
 ])
 def test_sm90_torch_grouped_path_table(monkeypatch, capability, layout, exact, dtypes, out_dtype, shapes, why):
-    problem = torch_grouped_problem(capability, layout, exact, dtypes, out_dtype, shapes)
+    groups = shapes[1][0] if layout != "2d2d" else 4
+    problem = torch_grouped_problem(capability, layout, exact, dtypes, out_dtype, shapes, groups)
     assert problem is None if why is None else why in problem
     if capability is not None:
         stand_in_gpu(monkeypatch, capability)
-        route = grouped_route(torch.device("cpu"), layout, "exact" if exact else "bf16", dtypes, shapes, False,
+        route = grouped_route(torch.device("cpu"), layout, "exact" if exact else "bf16", dtypes, shapes, groups, False,
                               out_dtype)
         assert route.kind == "torch" if why is None else why in route.why  # else Triton's bf16 kernels, or a loop
 
@@ -101,7 +104,7 @@ def test_sm90_torch_grouped_path_table(monkeypatch, capability, layout, exact, d
 def test_sm90_torch_grouped_path_follows_the_kernel_mode(monkeypatch):
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     assert "AUTOPREC_KERNELS=triton" in torch_grouped_problem((9, 0), "2d3d", True, (BF16, BF16), BF16,
-                                                              ((64, 32), (4, 32, 48)))
+                                                              ((64, 32), (4, 32, 48)), 4)
 
 
 @pytest.mark.parametrize("fmt", ["exact", "bf16"])

@@ -201,7 +201,7 @@ def test_sm100_wgrad_path_is_chosen_before_quantizing(monkeypatch, fmt, out_dtyp
     tokens, whatever their sizes): native where the native GEMM takes the product, else the one launch, else (an
     output no grouped kernel writes) the per-group route."""
     as_sm100(monkeypatch)
-    route = grouped_route(torch.device("cpu"), "2d2d", fmt, (torch.float32, torch.float32), ((48, 70), (70, 32)),
+    route = grouped_route(torch.device("cpu"), "2d2d", fmt, (torch.float32, torch.float32), ((48, 70), (70, 32)), 4,
                           False, out_dtype)
     assert (route.kind, route.path) == (("wgrad", path) if path else ("per_group", None))
 
@@ -232,21 +232,21 @@ def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
 def test_sm100_grouped_gemm_path_names_why_not_native(capability, layout, ops, out_dtype, path, why):
     """Where the native grouped GEMM does not run: one Triton launch (bf16 or fp32 out) for 2d x 3d and 2d x 2d,
     the rest per group; the reason names what kept it from the native path."""
-    got, reason = grouped_dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype)
+    got, reason = grouped_dispatch.grouped_gemm_path(capability, layout, *operands(*ops), out_dtype, 8)
     assert got == path and why in reason
 
 
 def test_sm100_grouped_gemm_path_picks_native_and_respects_forced_kernels(monkeypatch):
     bf16 = torch.bfloat16
     path = grouped_dispatch.grouped_gemm_path
-    assert path((10, 0), "2d3d", *operands(), bf16) == ("native_grouped", None)
-    assert path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16) == ("native_grouped", None)
-    assert path((10, 3), "2d3d", *operands(), bf16) == ("native_grouped", None)  # B300
-    bad_k = path((10, 0), "2d3d", *operands(k=48), bf16)
+    assert path((10, 0), "2d3d", *operands(), bf16, 8) == ("native_grouped", None)
+    assert path((10, 0), "2d2d", *operands("mxfp8", "mxfp8"), bf16, 8) == ("native_grouped", None)
+    assert path((10, 3), "2d3d", *operands(), bf16, 8) == ("native_grouped", None)  # B300
+    bad_k = path((10, 0), "2d3d", *operands(k=48), bf16, 8)
     assert bad_k[0] == "decoded_grouped" and "K=48" in bad_k[1]
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    assert path((10, 0), "2d3d", *operands(), bf16) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
-    assert path((10, 0), "2d2d", *operands(), bf16) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d3d", *operands(), bf16, 8) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
+    assert path((10, 0), "2d2d", *operands(), bf16, 8) == ("triton_grouped", "AUTOPREC_KERNELS=triton")
 
 
 def test_sm100_paths_need_torch_native_api(monkeypatch):
@@ -254,7 +254,7 @@ def test_sm100_paths_need_torch_native_api(monkeypatch):
     saying why."""
     monkeypatch.delattr(F, "scaled_grouped_mm")
     monkeypatch.delattr(F, "scaled_mm")
-    path, why = grouped_dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16)
+    path, why = grouped_dispatch.grouped_gemm_path((10, 0), "2d3d", *operands(), torch.bfloat16, 8)
     assert path == "decoded_grouped" and "no torch.nn.functional.scaled_grouped_mm" in why
     path, why = dispatch.gemm_path((10, 0), *operands())
     assert path == "decoded" and "no torch.nn.functional.scaled_mm" in why

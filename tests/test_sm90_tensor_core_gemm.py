@@ -47,13 +47,15 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
 
 def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
     """The experts' one-launch GEMMs (2d x 3d, and the wgrad's 2d x 2d): wgmma on sm_90 and tcgen05 on sm_100 for
-    in-register NVFP4 and MXFP8 tiles and for pre-decoded bf16 tiles (the fp32 recompute has no tensor-core dot)."""
+    in-register NVFP4 and MXFP8 tiles and for pre-decoded bf16 tiles (the fp32 recompute has no tensor-core dot);
+    the 2d x 3d kernel's equal groups (batched products) likewise."""
     for cap, mma in ((90, "wgmma"), (100, "tcgen05")):
         grouped = {r["kernel"]: r[mma] for r in ptx_report if r["cap"] == cap and "_grouped_" in r["kernel"]}
         assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core"
                            for layout in ("gemm", "wgrad")
                            for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"),
-                                             ("tensor_core", "bf16"), ("fp32", "mxfp8"))}
+                                             ("tensor_core", "bf16"), ("fp32", "mxfp8"))} | {
+            "tensor_core_grouped_batched_bf16": True, "fp32_grouped_batched_mxfp8": False}
 
 
 @pytest.mark.parametrize("cap", [80, 120])
@@ -64,7 +66,8 @@ def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
     grouped = {r["kernel"]: r["mma_sync"] for r in ptx_report if r["cap"] == cap}
     assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core" for layout in ("gemm", "wgrad")
                        for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"), ("tensor_core", "bf16"),
-                                         ("fp32", "mxfp8"))}
+                                         ("fp32", "mxfp8"))} | {"tensor_core_grouped_batched_bf16": True,
+                                                                "fp32_grouped_batched_mxfp8": False}
 
 
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
