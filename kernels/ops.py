@@ -89,10 +89,9 @@ def _(x, fmt, rounding_a, seed_a, rht_a, transposed_a, rounding_b, seed_b, rht_b
 
 
 def _parts(q: QuantizedTensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(uint8 codes, uint8 scales, fp32 tensor scale: 1 for MXFP8) of a quantization. The op's outputs are fresh
-    tensors: a tensor scale that is a view (the one-read kernel's two scales share one buffer) is copied."""
+    """(uint8 codes, uint8 scales, fp32 tensor scale: 1 for MXFP8) of a quantization."""
     ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=q.codes.device)
-    return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts.clone() if ts._base is not None else ts
+    return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts
 
 
 def _quantized_like(x: Tensor, fmt: str, axis: int, tile2d: bool) -> tuple[Tensor, Tensor, Tensor]:

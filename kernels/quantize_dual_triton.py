@@ -101,11 +101,12 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
                  torch.empty(k, n_rows // 2, device=x.device, dtype=torch.uint8)]
         scales = [torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8),
                   torch.empty(k, n_rows // 16, device=x.device, dtype=torch.uint8)]
-        s_dec = torch.empty(2, device=x.device, dtype=torch.float32)
+        # a tensor scale each: the op returns both, and a custom op's outputs may not share storage
+        s_dec = [torch.empty((), device=x.device, dtype=torch.float32) for _ in range(2)]
         _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
-                                 *keys[0], codes[0], scales[0], amax[0:], s_dec[0:], *ia,
-                                 *keys[1], codes[1], scales[1], amax[1:], s_dec[1:], *ib, **sides)
-        return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d.reshape(()), axis, x.shape, 1)
+                                 *keys[0], codes[0], scales[0], amax[0:], s_dec[0], *ia,
+                                 *keys[1], codes[1], scales[1], amax[1:], s_dec[1], *ib, **sides)
+        return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d, axis, x.shape, 1)
                      for c, s, d, axis in zip(codes, scales, s_dec, (1, 0)))
     elem = fmt.elem
     codes = [torch.empty(n_rows, k, device=x.device, dtype=torch.uint8),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._functorch.config as functorch_config
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -15,6 +16,9 @@ if not torch.cuda.is_available():
 # imports from. autoprec is installed, so the tests do not need the root on the path.
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+
+# A custom op whose outputs alias its inputs or each other is an error in compiled graphs (torch warns, for now)
+functorch_config.error_on_custom_op_aliasing = True
 
 
 @pytest.fixture
