@@ -120,3 +120,33 @@ def test_sm100_batch_of_1024_items_runs_the_one_launch_triton_gemm(monkeypatch):
     ops = (Operand(a.fmt, None, None, None, 1, 32), Operand(b.fmt, None, None, None, 16, 32))
     assert "1024 groups (torch's grouped GEMMs take at most 1023)" in grouped_dispatch.grouped_gemm_path(
         (10, 0), "2d3d", *ops, torch.bfloat16, 1024)[1]
+
+
+def test_sm90_compiled_eager_attention_runs_each_bmm_as_one_grouped_gemm(monkeypatch, fresh_dynamo):
+    """End to end: a GPT with eager attention (scores and mix are bmm over batch x heads) compiled under the nvfp4
+    recipe for a stood-in H100: every planned bmm of a step (2 forward, 4 backward) runs as one grouped GEMM, and
+    the gradients equal the same step's on the CPU's reference kernels."""
+    from gpt_model import TinyGPT, tokens
+
+    idx, tgt = tokens(batch=2, ctx=32, vocab=64)
+
+    def grads(seed_model: TinyGPT) -> list[torch.Tensor]:
+        model = TinyGPT(vocab=64, d=64, layers=1, heads=2, ctx=32, sdpa=False).bfloat16()
+        model.load_state_dict(seed_model.state_dict())
+        compiled = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4"})
+        for _ in range(2):  # the second step runs the fixed plan
+            model.zero_grad()
+            compiled(idx, tgt).backward()
+        return [p.grad for p in model.parameters()]
+
+    torch.manual_seed(0)
+    seed_model = TinyGPT(vocab=64, d=64, layers=1, heads=2, ctx=32, sdpa=False).bfloat16()
+    want = grads(seed_model)
+    torch._dynamo.reset()
+    stand_in_gpu(monkeypatch, (9, 0))
+    grouped: list = []
+    record_calls(monkeypatch, grouped_dispatch, "experts_mm", grouped)
+    got = grads(seed_model)
+    assert [args[-1] for _, args in grouped] == ["decoded_grouped"] * 6 * 2
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2**-6, atol=1e-2 * w.float().abs().max().item())
