@@ -34,7 +34,7 @@ from autoprec.kernels.group_offsets import group_sizes, held_ends, padded_source
 from autoprec.kernels.grouped_torch import too_many_groups
 from autoprec.kernels.operand import KIND_NVFP4, Operand
 from autoprec.kernels.quantized import QuantizedGroups
-from autoprec.kernels.scaled_mm_native import native_problem
+from autoprec.kernels.scaled_mm_native import native_problem, row_scales
 from autoprec.kernels.swizzle import TILE_COLS, TILE_ROWS, swizzle_scales
 
 TILE = TILE_ROWS * TILE_COLS  # scales per swizzled tile
@@ -73,10 +73,7 @@ def _batch_scales(qb: QuantizedGroups) -> torch.Tensor:
     """Each expert's (N, K/block) block scales (16x16 tiles repeated over their rows) swizzled, one row per
     expert: the experts' rows padded to 128 and stacked, then swizzled at once (128-row tiles first)."""
     experts, _, n = qb.shape
-    scales = qb.scales.view(torch.uint8)
-    if qb.tile_rows > 1:
-        scales = scales.repeat_interleave(qb.tile_rows, 1)[:, :n]
-    scales = F.pad(scales, (0, 0, 0, -n % TILE_ROWS))
+    scales = F.pad(row_scales(qb.scales, qb.tile_rows, n), (0, 0, 0, -n % TILE_ROWS))
     return swizzle_scales(scales.reshape(-1, scales.shape[-1])).view(experts, -1)
 
 

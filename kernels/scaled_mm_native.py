@@ -37,13 +37,17 @@ def native_problem(a: Operand, b: Operand) -> str | None:
     return None
 
 
+def row_scales(scales: torch.Tensor, tile_rows: int, rows: int) -> torch.Tensor:
+    """uint8 block scales (..., rows or row tiles, blocks) with one row per operand row: a 16x16 tile's scale given
+    to each of its rows."""
+    scales = scales.view(torch.uint8)
+    return scales if tile_rows == 1 else scales.repeat_interleave(tile_rows, -2)[..., :rows, :]
+
+
 def block_scales(op: Operand) -> torch.Tensor:
     """One scale per row and block of ``op``, swizzled, in the dtype cuBLAS reads."""
-    scales = op.scales.view(torch.uint8)
-    if op.tile_rows > 1:  # a 16x16 tile's scale applies to each of its rows
-        scales = scales.repeat_interleave(op.tile_rows, 0)[: op.rows]
     dtype = torch.float8_e4m3fn if op.kind == KIND_NVFP4 else torch.float8_e8m0fnu
-    return swizzle_scales(scales).view(dtype)
+    return swizzle_scales(row_scales(op.scales, op.tile_rows, op.rows)).view(dtype)
 
 
 def scaled_mm_native(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
