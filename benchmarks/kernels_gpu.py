@@ -11,7 +11,7 @@ decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the dec
 at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
 torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside
 rows forced to one GEMM per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves
-undefined);
+undefined); bmm rows time a planned batched product (attention scores, 64 items) against torch's bf16 bmm;
 grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each against one
 quantization per group. The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
@@ -94,6 +94,7 @@ def main() -> None:
     if args.sweep:
         sweep(8192, 8192, 2048, args.bf16_tflops)
     grouped(args.bf16_tflops)
+    batched(args.bf16_tflops)
     grouped_quantize(args.hbm_tbs)
     if not args.no_step:
         training_step(args.layers, args.profile, args.graphs)
@@ -216,6 +217,31 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
                         row(name, run, flops, ms_bf16, peak, f"  {note}")
                 except Exception as e:  # a path that fails here should not hide the other rows
                     print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
+
+
+def batched(peak: float, batch: int = 64, m: int = 2048, n: int = 2048, k: int = 128) -> None:
+    """A planned bmm (attention scores over 64 batch x heads, head dim 128) against torch's bf16 bmm: the block-scaled
+    product of quantized operands, alone and with their quantization, naming the grouped GEMM's path."""
+    import triton.testing
+
+    from autoprec.kernels import grouped_dispatch, quantize, scaled_mm
+    from autoprec.kernels.operand import Operand
+
+    q = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
+    kt = torch.randn(batch, k, n, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * batch * m * n * k
+    ms_bf16 = triton.testing.do_bench(lambda: torch.bmm(q, kt))
+    print(f"\n{f'bmm {batch}x{m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}  path")
+    row("torch bf16 bmm", lambda: torch.bmm(q, kt), flops, ms_bf16, peak)
+    for fmt in ("nvfp4", "mxfp8"):
+        a, b = quantize(q, fmt, 2), quantize(kt, fmt, 1)
+        path, why = grouped_dispatch.grouped_gemm_path(torch.cuda.get_device_capability(), "2d3d",
+                                                       Operand(a.fmt, None, None, None, m, k),
+                                                       Operand(b.fmt, None, None, None, n, k), torch.bfloat16, batch)
+        note = f"  {path}" + (f" ({why})" if why else "")
+        row(f"autoprec {fmt}", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak, note)
+        row("  + quantize q, k", lambda: scaled_mm(quantize(q, fmt, 2), quantize(kt, fmt, 1),
+                                                    out_dtype=torch.bfloat16), flops, ms_bf16, peak)
 
 
 def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
