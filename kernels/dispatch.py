@@ -33,6 +33,7 @@ from autoprec.kernels.random_bits import StepStream, sr_bits
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KERNEL_OUT_DTYPES = (torch.float32, torch.bfloat16)  # what the matmul kernels write
 
 
 def triton_runtime_reason(device: torch.device) -> str | None:
@@ -208,10 +209,14 @@ def _use_cpu_fused(x: torch.Tensor) -> bool:
     return unavailable_reason() is None
 
 
-def scaled_mm_supports(a: Operand, b: Operand, out_dtype: torch.dtype) -> str | None:
+def kernel_out_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a matmul kernel writes for a product rounded to ``out_dtype``: itself where the kernels write it,
+    else float32 (then rounded once to ``out_dtype``: the same one rounding of the fp32 accumulator)."""
+    return out_dtype if out_dtype in KERNEL_OUT_DTYPES else torch.float32
+
+
+def scaled_mm_supports(a: Operand, b: Operand) -> str | None:
     """Why the Triton block-scaled matmul does not take these operands (None when it does)."""
-    if out_dtype not in (torch.float32, torch.bfloat16):
-        return f"out_dtype {out_dtype} (the kernel writes float32 or bfloat16)"
     if a.rows == 0 or b.rows == 0 or a.k == 0:
         return "an empty operand"
     return None
@@ -225,7 +230,10 @@ def scaled_mm(
 ) -> torch.Tensor:
     """``a @ b (+ bias)`` for a (M, K) blocked along K and b (K, N) blocked along K, or batches of
     them (B, M, K) x (B, K, N) (``batched.batched_scaled_mm``); either may be a plain bfloat16 tensor. Accumulates
-    in fp32 and rounds once to ``out_dtype``."""
+    in fp32 and rounds once to ``out_dtype`` (any float dtype: one the kernels do not write, float16, is their fp32
+    product rounded once)."""
+    if kernel_out_dtype(out_dtype) != out_dtype:
+        return scaled_mm(a, b, bias, torch.float32).to(out_dtype)
     if len(a.shape) == 3:
         from autoprec.kernels.batched import batched_scaled_mm
 
@@ -236,7 +244,7 @@ def scaled_mm(
     if bias is not None and bias.shape != (ob.rows,):
         raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
     device = oa.codes.device
-    if use_triton(device, scaled_mm_supports(oa, ob, out_dtype)):
+    if use_triton(device, scaled_mm_supports(oa, ob)):
         path, _ = gemm_path(device_capability(device), oa, ob)
         if path == "native":
             return scaled_mm_native(oa, ob, bias, out_dtype)

@@ -97,12 +97,17 @@ def grouped_mm(
 ) -> torch.Tensor:
     """The grouped product of ``a`` and ``b`` (see the module doc for layouts) in ``fmt``: each group the dense
     GEMM ``dispatch.scaled_mm`` of its own quantized operands (``exact``: ``torch.mm`` in the operands' dtype), run
-    on the path the module doc describes."""
+    on the path the module doc describes. Outside ``exact``, an output dtype the kernels do not write (float16) is
+    their float32 product rounded once, as ``dispatch.scaled_mm`` rounds it."""
     layout = grouped_layout(a.ndim, b.ndim, offs is not None)
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
     out_dtype = out_dtype or a.dtype
+    if fmt != EXACT and dispatch.kernel_out_dtype(out_dtype) != out_dtype:
+        return grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b, rht=rht,
+                          rht_signs=rht_signs, seeds=seeds, step=step, scale_mode=scale_mode,
+                          out_dtype=torch.float32).to(out_dtype)
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
     if not a.numel() or not b.numel():  # no tokens, experts or features: nothing to sum
         return a.new_zeros(shape, dtype=out_dtype)

@@ -30,8 +30,6 @@ from autoprec.kernels.scaled_grouped_mm_native import (
 )
 from autoprec.kernels.scaled_mm_native import NATIVE_CAPABILITY
 
-ONE_LAUNCH_DTYPES = (torch.float32, torch.bfloat16)
-
 
 def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
     """(start, end) of each group from cumulative ends ``offs`` over a dim of size ``total`` (read on the host)."""
@@ -119,7 +117,7 @@ def grouped_gemm_path(capability: tuple[int, int] | None, layout: str, a: Operan
     mode = kernel_mode()
     if mode not in ("auto", "triton"):
         return "per_group", f"AUTOPREC_KERNELS={mode}"
-    if layout not in ("2d3d", "2d2d") or out_dtype not in ONE_LAUNCH_DTYPES:
+    if layout not in ("2d3d", "2d2d") or out_dtype not in dispatch.KERNEL_OUT_DTYPES:
         return "per_group", (f"layout {layout} with out_dtype {out_dtype} (one launch multiplies 2d x 3d and 2d x 2d "
                              "products into float32 or bfloat16)")
     if capability is None or mode == "triton":

@@ -52,8 +52,11 @@ def grouped_route(device: torch.device, layout: str, fmt: str, dtypes: tuple[tor
                   shapes: tuple[tuple, tuple], groups: int, tile2d_b: bool, out_dtype: torch.dtype) -> GroupedRoute:
     """The route of ``grouped.grouped_mm`` in ``fmt`` on operands of these dtypes and shapes (sizes may be symbolic:
     a route that needs a size it cannot read takes the per-group one), in ``groups`` groups, on ``device``. Off a
-    CUDA device every route reads the host ("not a CUDA device")."""
+    CUDA device every route reads the host ("not a CUDA device"). Outside ``exact``, an output dtype the kernels do
+    not write (float16) routes as their float32 product, which ``grouped_mm`` then rounds once."""
     capability = dispatch.device_capability(device)
+    if fmt != EXACT:
+        out_dtype = dispatch.kernel_out_dtype(out_dtype)
     if fmt == EXACT or not get_format(fmt).quantized:
         why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes, groups)
         if why is None:
@@ -101,8 +104,6 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
     if tile2d_b:
         why = "a 2d x 2d product with 16x16 tiles runs per group"
         return GroupedRoute("per_group", None, why, why)
-    if out_dtype not in grouped_dispatch.ONE_LAUNCH_DTYPES:
-        quantizers = quantizers or f"out_dtype {out_dtype} (the grouped kernels write float32 or bfloat16)"
     why = dispatch.triton_problem(device, quantizers)
     if why is None:  # the K-grouped quantizers pad every group to whole multiples of GROUP_PAD tokens
         a, b = (Operand(fmt, None, None, None, rows, GROUP_PAD) for rows in (a_shape[0], b_shape[1]))
@@ -118,7 +119,7 @@ def _gemm_path(device: torch.device, capability: tuple[int, int] | None, layout:
     """The grouped GEMM's path of quantized groups: ``grouped_gemm_path``'s on a GPU or where Triton runs, else
     ``per_group`` (the CPU's reference kernels)."""
     if capability is None:
-        why = dispatch.triton_problem(device, dispatch.scaled_mm_supports(a, b, out_dtype))
+        why = dispatch.triton_problem(device, dispatch.scaled_mm_supports(a, b))
         if why is not None:
             return "per_group", why
     return grouped_dispatch.grouped_gemm_path(capability, layout, a, b, out_dtype, groups)

@@ -78,6 +78,16 @@ def test_wgrad_layout_bit_exact_with_padding(fmt, ra, rb, tile2d, rht):
     assert torch.equal(got[1], torch.zeros(48, 32))  # the empty expert gets a zero gradient
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
+def test_float16_output_is_the_fp32_product_rounded_once(fmt):
+    """An fp16 model's grouped products: the kernels write fp32 or bf16, so fp16 is their fp32 product rounded
+    once (never a bf16 product rounded again)."""
+    a, w = data(T, 64), data(5, 64, 32, seed=1)
+    got = grouped_mm(a, w, OFFS, fmt, seeds=(1, 2), out_dtype=torch.float16)
+    assert got.dtype == torch.float16
+    assert torch.equal(got, grouped_mm(a, w, OFFS, fmt, seeds=(1, 2), out_dtype=torch.float32).half())
+
+
 def test_per_expert_tensor_scale_keeps_small_experts():
     """With one NVFP4 tensor scale per expert, a small expert beside a 1e4-larger one keeps its accuracy."""
     a, w = data(T, 64), data(5, 64, 32, seed=1)

@@ -27,11 +27,11 @@ CASES = [
     ((9, 0), "nvfp4", "2d3d", 40, False, BF16, "per_group", None, "not whole blocks"),
     ((9, 0), "nvfp4", "2d2d", K, True, BF16, "per_group", None, "16x16 tiles"),
     ((9, 0), "nvfp4", "3d3d", K, False, BF16, "per_group", None, "3d x 3d"),
-    ((9, 0), "nvfp4", "2d3d", K, False, torch.float16, "experts", "per_group", "out_dtype torch.float16"),
-    ((9, 0), "mxfp8", "2d2d", K, False, torch.float16, "per_group", None, "out_dtype torch.float16"),
+    ((9, 0), "nvfp4", "2d3d", K, False, torch.float16, "experts", "decoded_grouped", None),  # fp32, rounded once
+    ((9, 0), "mxfp8", "2d2d", K, False, torch.float16, "wgrad", "decoded_grouped", None),
     ((9, 0), "bf16", "2d3d", K, False, BF16, "torch", None, None),
     ((9, 0), "bf16", "2d2d", K, False, FP32, "triton_bf16", None, None),  # an output torch's kernel does not write
-    ((9, 0), "bf16", "2d3d", K, False, torch.float16, "loop", None, "one GEMM per group"),
+    ((9, 0), "bf16", "2d3d", K, False, torch.float16, "triton_bf16", None, None),
     ((9, 0), "bf16", "3d3d", K, False, FP32, "loop", None, None),  # a batch: no bounds to read
     ((8, 0), "bf16", "2d3d", K, False, BF16, "triton_bf16", None, None),  # torch's kernel: sm_90 and sm_100 only
     ((7, 5), "bf16", "2d2d", K, False, BF16, "loop", None, "no bf16 tensor-core MMA"),

@@ -195,15 +195,15 @@ def test_sm100_wgrad_the_native_gemm_refuses_runs_one_launch(monkeypatch, fmt, o
 @pytest.mark.parametrize("fmt,out_dtype,path", [
     ("nvfp4", torch.bfloat16, "native_grouped"), ("mxfp8", torch.bfloat16, "native_grouped"),
     ("mxfp8", torch.float32, "decoded_grouped"), ("mxfp8_e5m2", torch.bfloat16, "decoded_grouped"),
-    ("mxfp8", torch.float16, None)])
+    ("mxfp8", torch.float16, "decoded_grouped")])
 def test_sm100_wgrad_path_is_chosen_before_quantizing(monkeypatch, fmt, out_dtype, path):
     """sm_100's wgrad path, chosen from formats and shapes alone (K-grouped groups are whole multiples of 128
-    tokens, whatever their sizes): native where the native GEMM takes the product, else the one launch, else (an
-    output no grouped kernel writes) the per-group route."""
+    tokens, whatever their sizes): native where the native GEMM takes the product, else the one launch (an fp16
+    output as its fp32 product, rounded once)."""
     as_sm100(monkeypatch)
     route = grouped_route(torch.device("cpu"), "2d2d", fmt, (torch.float32, torch.float32), ((48, 70), (70, 32)), 4,
                           False, out_dtype)
-    assert (route.kind, route.path) == (("wgrad", path) if path else ("per_group", None))
+    assert (route.kind, route.path) == ("wgrad", path)
 
 
 def operands(fa: str = "nvfp4", fb: str = "nvfp4", n: int = 48, k: int = 64):
