@@ -20,14 +20,15 @@ GPUs with bf16 tensor cores, an fp32 output) Triton's one-launch bf16 kernels (`
 ``torch.mm`` (``exact``, in the wider of the operands' and the output's dtype) or bf16 ``dispatch.scaled_mm`` per
 group, or per batch item for 3d x 3d.
 
-A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch``: its token groups and expert
+A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch`` (so does a 3d x 3d one, its
+batch items' rows taken as equal token groups, their ends made on the device): its token groups and expert
 weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
 then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
 on the device), else by one Triton launch for every group that reads the offsets on the device
 (``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped quantization per operand on a GPU
 (``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native
 grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read nothing on the host. Other
-products (a reduction that is not whole blocks, 3d x 3d, a 2d x 2d product with 16x16 tiles, the CPU) quantize
+products (a reduction that is not whole blocks, a 2d x 2d product with 16x16 tiles, the CPU) quantize
 group by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
 runs is one decision, ``grouped_route``'s, which also says whether it reads the host.
 
@@ -114,11 +115,15 @@ def grouped_mm(
     groups = group_count(a.shape, None if offs is None else offs.shape, layout)
     route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, tile2d_b, out_dtype)
     if route.kind == "experts":
-        qa = grouped_dispatch.quantize_row_groups(a, fmt, offs, rounding=rounding_a, seed=seeds[0], step=step,
+        rows, row_ends = a, offs
+        if layout == "3d3d":  # the batch's items as equal token groups, their ends made on the device
+            rows, size = a.reshape(-1, a.shape[-1]), a.shape[1]
+            row_ends = torch.arange(size, rows.shape[0] + 1, size, device=a.device, dtype=torch.int32)
+        qa = grouped_dispatch.quantize_row_groups(rows, fmt, row_ends, rounding=rounding_a, seed=seeds[0], step=step,
                                                   scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
                                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-        return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path)
+        return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path).view(shape)
     if route.kind == "wgrad":
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), route.path, out_dtype, rounding_a=rounding_a,
                                          rounding_b=rounding_b, seeds=seeds, step=step, scale_mode=scale_mode, rht=rht,

@@ -12,9 +12,9 @@ Routes (``kind``):
   in one Triton launch on bf16 tiles (``grouped_bf16_triton``), offsets read on the device.
 - ``loop``: any other unquantized product, one GEMM per group with the bounds read on the host (per batch item for
   3d x 3d, which has no bounds to read).
-- ``experts``: a quantized 2d x 3d product of whole blocks: the grouped quantizers (every token group in one
-  launch, every expert in one; group by group where Triton does not run), then ``grouped_dispatch.experts_mm``
-  on ``path``.
+- ``experts``: a quantized 2d x 3d product of whole blocks, or a 3d x 3d one (its batch items' rows taken as equal
+  token groups): the grouped quantizers (every token group in one launch, every expert in one; group by group
+  where Triton does not run), then ``grouped_dispatch.experts_mm`` on ``path``.
 - ``wgrad``: a quantized 2d x 2d product where Triton runs: one K-grouped quantization per operand, then one
   grouped GEMM on ``path`` (``grouped_dispatch.wgrad_mm``).
 - ``per_group``: any other quantized product, each group quantized and multiplied on its own.
@@ -80,9 +80,8 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
                      dtypes: tuple[torch.dtype, torch.dtype], shapes: tuple[tuple, tuple], groups: int, tile2d_b: bool,
                      out_dtype: torch.dtype) -> GroupedRoute:
     a_shape, b_shape = shapes
-    if layout == "3d3d":
-        why = "a 3d x 3d product quantizes its batch items one by one"
-        return GroupedRoute("per_group", None, why, why)
+    if layout == "3d3d":  # a batch: its items' rows are equal token groups of a 2d x 3d product
+        layout, a_shape = "2d3d", (ANY_TOKENS, a_shape[2])
     # the sizes a path depends on (not the token count, which is often symbolic): K and N, or a wgrad's M and N
     read = (a_shape[1], b_shape[2]) if layout == "2d3d" else (a_shape[0], b_shape[1])
     if not all(isinstance(d, int) for d in read):

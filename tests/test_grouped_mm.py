@@ -78,6 +78,20 @@ def test_wgrad_layout_bit_exact_with_padding(fmt, ra, rb, tile2d, rht):
     assert torch.equal(got[1], torch.zeros(48, 32))  # the empty expert gets a zero gradient
 
 
+@pytest.mark.parametrize("fmt,ra,rb,tile2d,rht", CASES)
+def test_batched_layout_bit_exact(fmt, ra, rb, tile2d, rht):
+    """3d x 3d (a batch of experts; its dgrad and wgrad are 3d x 3d too): item g's operands quantized on their own
+    under group g's SR streams, as the 2d x 3d layout's token groups; a transposed view (a wgrad's a^T) as well."""
+    a, w = data(4, 8, 64), data(4, 64, 32, seed=1)
+    w[2] *= 1000.0
+    for a_ in (a, a.transpose(1, 2).contiguous().transpose(1, 2)):
+        got = grouped_mm(a_, w, None, fmt, rounding_a=ra, rounding_b=rb, tile2d_b=tile2d, rht=rht,
+                         rht_signs=rht_signs(0), seeds=(11, 12), step=3)
+        want = torch.stack([_oracle_group(a[g], w[g], fmt, ra, rb, tile2d, rht, (11, 12), g, 3, 16)
+                            for g in range(4)])
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
 def test_float16_output_is_the_fp32_product_rounded_once(fmt):
     """An fp16 model's grouped products: the kernels write fp32 or bf16, so fp16 is their fp32 product rounded
