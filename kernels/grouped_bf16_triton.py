@@ -7,6 +7,7 @@ of that group up to accumulation order.
 
 - 2d x 3d: the (T, K) token rows as they are, every expert's (N, K) weight one after the other (a copy unless the
   weights are stored (E, N, K)); rows past the last offset written as zeros.
+- 3d x 3d (a batch): the items' (M, K) rows one after the other, as equal token groups of the 2d x 3d kernel.
 - 2d x 2d (wgrad): both operands laid out K-grouped as the quantized wgrad's are, each group's tokens padded with
   zeros to a multiple of ``GROUP_PAD`` (a gather on the device), so the kernel's K tiles never span two groups; an
   empty group's gradient is zero.
@@ -30,8 +31,6 @@ def bf16_grouped_problem(capability: tuple[int, int] | None, layout: str, exact:
     they do."""
     if capability is not None and capability < BF16_MMA_CAPABILITY:
         return f"sm_{capability[0]}{capability[1]} has no bf16 tensor-core MMA"
-    if layout not in ("2d3d", "2d2d"):
-        return f"layout {layout} (one launch multiplies 2d x 3d and 2d x 2d products)"
     if exact and any(d != torch.bfloat16 for d in dtypes):
         return f"exact operands {dtypes} (the kernels multiply bf16)"
     if out_dtype not in OUT_DTYPES:
@@ -39,19 +38,21 @@ def bf16_grouped_problem(capability: tuple[int, int] | None, layout: str, exact:
     return None
 
 
-def bf16_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, layout: str,
+def bf16_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, layout: str,
                     out_dtype: torch.dtype) -> torch.Tensor:
     """The grouped product (``grouped.grouped_mm``'s ``layout``) of ``a`` and ``b`` cast to bf16, in one launch;
     ``bf16_grouped_problem`` is None for it."""
     from autoprec.kernels.grouped_mm_triton import BF16_BLOCKS, BF16_OPTIONS, bf16_dot, launch_grouped, launch_wgrad
 
-    a, b, offs = a.to(torch.bfloat16), b.to(torch.bfloat16), offs.to(torch.int32)
-    if layout == "2d3d":
-        (t, k), (experts, _, n) = a.shape, b.shape
+    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    if layout in ("2d3d", "3d3d"):
+        (experts, k, n), rows = b.shape, a.reshape(-1, a.shape[-1]).contiguous()
         stacked = b.transpose(1, 2).contiguous().view(experts * n, k)  # each expert's (N, K)
-        out = torch.empty(t, n, device=a.device, dtype=out_dtype)
-        return launch_grouped(_operand(a.contiguous()), _operand(stacked), None, None, out, bf16_dot(), BF16_BLOCKS,
-                              experts=experts, offs=offs, **BF16_OPTIONS)
+        out = torch.empty(rows.shape[0], n, device=a.device, dtype=out_dtype)
+        launch_grouped(_operand(rows), _operand(stacked), None, None, out, bf16_dot(), BF16_BLOCKS, experts=experts,
+                       offs=None if offs is None else offs.to(torch.int32), **BF16_OPTIONS)
+        return out.view(*a.shape[:-1], n)
+    offs = offs.to(torch.int32)
     (m, tokens), n, experts = a.shape, b.shape[1], offs.shape[0]
     width = padded_width(tokens, experts)
     source, filled = padded_sources(offs, GROUP_PAD, width)

@@ -1,6 +1,7 @@
-"""Unquantized experts GEMMs in one Triton launch (kernels/grouped_bf16_triton.py), where torch's grouped GEMM
-would loop on the host (sm_80, sm_89, sm_120; an fp32 output), in the interpreter: each group's product equals the
-per-group loop up to accumulation order, what no group writes is zero, and nothing is read on the host."""
+"""Unquantized experts GEMMs (and batches of experts) in one Triton launch (kernels/grouped_bf16_triton.py), where
+torch's grouped GEMM would loop on the host (sm_80, sm_89, sm_120; an fp32 output), in the interpreter: each
+group's product equals the per-group loop up to accumulation order, what no group writes is zero, and nothing is
+read on the host."""
 import pytest
 import torch
 
@@ -22,6 +23,8 @@ def operands(layout: str, dtype: torch.dtype = BF16):
     gen = torch.Generator().manual_seed(0)
     if layout == "2d3d":
         return torch.randn(T, 48, generator=gen).to(dtype), torch.randn(5, 48, 40, generator=gen).to(dtype)
+    if layout == "3d3d":  # a batch of 5 experts, 60 tokens each
+        return torch.randn(5, 60, 48, generator=gen).to(dtype), torch.randn(5, 48, 40, generator=gen).to(dtype)
     return torch.randn(T, 48, generator=gen).to(dtype).t(), torch.randn(T, 40, generator=gen).to(dtype)  # a wgrad
 
 
@@ -37,25 +40,26 @@ def poisoned_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", empty)
 
 
-@pytest.mark.parametrize("layout", ["2d3d", "2d2d"])
+@pytest.mark.parametrize("layout", ["2d3d", "2d2d", "3d3d"])
 @pytest.mark.parametrize("fmt,dtype,out_dtype", [("exact", BF16, BF16), ("exact", BF16, FP32), ("bf16", FP32, FP32),
                                                  ("bf16", FP32, BF16)])
 def test_sm80_bf16_experts_gemm_in_one_launch_equals_the_loop(monkeypatch, poisoned_empty, layout, fmt, dtype,
                                                               out_dtype):
-    """On sm_80 (stood in for), fprop and wgrad run the one-launch kernel, read nothing on the host, and equal the
-    CPU's per-group loop (fp32 accumulation, one rounding); the rows past the last offset and the empty expert's
-    gradient are zero."""
+    """On sm_80 (stood in for), fprop, wgrad and a batch of experts run the one-launch kernel, read nothing on the
+    host, and equal the CPU's per-group loop (fp32 accumulation, one rounding); the rows past the last offset and
+    the empty expert's gradient are zero."""
     a, b = operands(layout, dtype)
-    want = grouped_mm(a, b, OFFS, fmt, out_dtype=out_dtype)
+    offs = None if layout == "3d3d" else OFFS
+    want = grouped_mm(a, b, offs, fmt, out_dtype=out_dtype)
     stand_in_gpu(monkeypatch, (8, 0))
     route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), len(OFFS), False, out_dtype)
     assert (route.kind, route.host_read) == ("triton_bf16", None)
     with HostReads() as rec:
-        got = grouped_mm(a, b, OFFS, fmt, out_dtype=out_dtype)
-    assert rec.found == [] and got.dtype == out_dtype
+        got = grouped_mm(a, b, offs, fmt, out_dtype=out_dtype)
+    assert rec.found == [] and got.dtype == out_dtype and got.shape == want.shape
     if layout == "2d3d":
         assert not got[int(OFFS[-1]):].any()
-    else:
+    elif layout == "2d2d":
         assert not got[1].any()
     tol = 2**-7 if out_dtype == BF16 else 1e-5
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * want.float().abs().max().item())
@@ -66,7 +70,7 @@ def test_sm80_bf16_experts_gemm_in_one_launch_equals_the_loop(monkeypatch, poiso
     ((12, 0), "2d2d", False, (FP32, BF16), FP32, None),
     (None, "2d3d", True, (BF16, BF16), FP32, None),  # the interpreter
     ((7, 5), "2d3d", True, (BF16, BF16), BF16, "no bf16 tensor-core MMA"),
-    ((9, 0), "3d3d", True, (BF16, BF16), BF16, "layout 3d3d"),
+    ((9, 0), "3d3d", True, (BF16, BF16), BF16, None),
     ((9, 0), "2d3d", True, (FP32, FP32), FP32, "the kernels multiply bf16"),
     ((9, 0), "2d3d", False, (BF16, BF16), torch.float16, "float32 or bfloat16"),
 ])

@@ -33,7 +33,8 @@ CASES = [
     ((9, 0), "bf16", "2d3d", K, False, BF16, "torch", None, None),
     ((9, 0), "bf16", "2d2d", K, False, FP32, "triton_bf16", None, None),  # an output torch's kernel does not write
     ((9, 0), "bf16", "2d3d", K, False, torch.float16, "triton_bf16", None, None),
-    ((9, 0), "bf16", "3d3d", K, False, FP32, "loop", None, None),  # a batch: no bounds to read
+    ((9, 0), "bf16", "3d3d", K, False, FP32, "triton_bf16", None, None),  # a batch: equal groups
+    ((7, 5), "bf16", "3d3d", K, False, BF16, "loop", None, None),  # a batch: no bounds to read
     ((8, 0), "bf16", "2d3d", K, False, BF16, "triton_bf16", None, None),  # torch's kernel: sm_90 and sm_100 only
     ((7, 5), "bf16", "2d2d", K, False, BF16, "loop", None, "no bf16 tensor-core MMA"),
     ((10, 0), "nvfp4", "2d3d", K, False, BF16, "experts", "native_grouped", None),
