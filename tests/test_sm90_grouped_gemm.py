@@ -4,18 +4,19 @@ order), rows past the last offset are zero, values bf16 does not hold go to the 
 (sm_90) path reads nothing on the host. Which path runs where: test_sm100_grouped_native.py."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch
+from autoprec.kernels import dispatch, grouped_dispatch
 from autoprec.kernels.grouped_dispatch import experts_mm, experts_operands
 from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded
 from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.quantized import QuantizedGroups
 
-from helpers import stand_in_gpu, to_device
+from helpers import record_calls, stand_in_gpu, to_device
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -195,3 +196,40 @@ def test_sm90_grouped_gemm_with_many_small_groups(monkeypatch, fmt):
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     torch.testing.assert_close(grouped_mm(a, w, offs, fmt, **opts), want, rtol=1e-5,
                                atol=1e-5 * want.abs().max().item())
+
+
+def test_sm90_compiled_batch_of_experts_runs_each_product_as_one_grouped_gemm(monkeypatch, fresh_dynamo):
+    """End to end: capacity-style experts (``F.grouped_mm`` of (E, C, D) tokens by (E, D, H) weights, no offsets)
+    compiled under the nvfp4 recipe for a stood-in H100: every quantized 3d x 3d product of a step (fprop, dgrad and
+    wgrad of both projections) is one grouped GEMM on the decoded path, with the gradients of the CPU's per-item
+    kernels."""
+    class BatchOfExperts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w_in = torch.nn.Parameter(torch.randn(4, 32, 64) / 32**0.5)
+            self.w_out = torch.nn.Parameter(torch.randn(4, 64, 32) / 8.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.grouped_mm(F.gelu(F.grouped_mm(x, self.w_in)), self.w_out)
+
+    x = torch.randn(4, 32, 32, generator=torch.Generator().manual_seed(1)).bfloat16()
+
+    def grads(seed_model: BatchOfExperts) -> list[torch.Tensor]:
+        model = BatchOfExperts().bfloat16()
+        model.load_state_dict(seed_model.state_dict())
+        tokens = x.clone().requires_grad_()
+        compiled = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4"})
+        compiled(tokens).float().square().mean().backward()
+        return [tokens.grad] + [p.grad for p in model.parameters()]
+
+    torch.manual_seed(0)
+    seed_model = BatchOfExperts().bfloat16()
+    want = grads(seed_model)
+    torch._dynamo.reset()
+    stand_in_gpu(monkeypatch, (9, 0))
+    calls: list = []
+    record_calls(monkeypatch, grouped_dispatch, "experts_mm", calls)
+    got = grads(seed_model)
+    assert [args[-1] for _, args in calls] == ["decoded_grouped"] * 6
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2**-6, atol=1e-2 * w.float().abs().max().item())
