@@ -96,6 +96,8 @@ def per_op(calls: int) -> None:
                                                              torch.bfloat16),
         "grouped_mm nvfp4, 8 experts": lambda: grouped_mm(tokens, experts, offs, "nvfp4", rounding_a="sr", step=step,
                                                           out_dtype=torch.bfloat16),
+        "grouped_mm nvfp4, batch of 8 (3d)": lambda: grouped_mm(tokens.view(8, 64, 64), experts, None, "nvfp4",
+                                                                rounding_a="sr", step=step, out_dtype=torch.bfloat16),
     }
     print(f"host time per op call, Triton launches replaced by no-ops ({calls} calls each)")
     for name, fn in ops.items():

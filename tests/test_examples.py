@@ -77,7 +77,7 @@ def test_quality_benchmark_moe_option(tmp_path):
 
 def test_host_overhead_benchmark_times_every_op():
     out = run("benchmarks/host_overhead.py", "--calls", "5")
-    assert len(re.findall(r"^  (quantize|scaled_mm|grouped_mm) .* us$", out, re.M)) == 7
+    assert len(re.findall(r"^  (quantize|scaled_mm|grouped_mm) .* us$", out, re.M)) == 8
 
 
 @pytest.mark.slow
