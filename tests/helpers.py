@@ -87,3 +87,20 @@ def record_calls(monkeypatch, module, name: str, calls: list) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, run)
+
+
+def grouped_paths_on_stand_in_gpu(monkeypatch, capability: tuple[int, int], grads) -> list[str]:
+    """Run ``grads()`` (a compiled step returning its gradients) on this CPU's reference kernels, then again on a
+    stood-in GPU of this capability (dynamo reset between), assert the two steps' gradients close, and return the
+    paths of the grouped GEMMs (``experts_mm``) the stood-in step ran."""
+    from autoprec.kernels import grouped_dispatch
+
+    want = grads()
+    torch._dynamo.reset()
+    stand_in_gpu(monkeypatch, capability)
+    calls: list = []
+    record_calls(monkeypatch, grouped_dispatch, "experts_mm", calls)
+    got = grads()
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=2**-6, atol=1e-2 * w.float().abs().max().item())
+    return [args[-1] for _, args in calls]
