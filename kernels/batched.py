@@ -9,8 +9,8 @@ Triton GEMM, sm_90's decoded one or the in-register one, whose tiles find their 
 group under the operand's one tensor scale. Two bf16 operands run torch's batched matmul accumulating in fp32. So a
 bmm is one GEMM launch, whatever its batch (an fp16 output is that launch's fp32 product, which
 ``dispatch.scaled_mm`` rounds once). A bf16 operand beside a quantized one runs one dense ``dispatch.scaled_mm`` per
-item. Elsewhere (the CPU) it is the reference: one
-fp32 batched matmul of the dequantized values. Every way equals the reference up to fp32 accumulation order.
+item. Elsewhere (the CPU) it is the reference: one fp32 batched matmul of the dequantized values. Every way equals
+the reference up to fp32 accumulation order.
 """
 from __future__ import annotations
 

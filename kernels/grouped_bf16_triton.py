@@ -24,11 +24,11 @@ BF16_MMA_CAPABILITY = (8, 0)  # the first compute capability with bf16 tensor-co
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def bf16_grouped_problem(capability: tuple[int, int] | None, layout: str, exact: bool,
-                         dtypes: tuple[torch.dtype, torch.dtype], out_dtype: torch.dtype) -> str | None:
-    """Why the one-launch bf16 kernels do not run an unquantized grouped product (``exact``: in the operands'
-    dtype, else in bf16) on a GPU of this capability (None: the Triton interpreter), where Triton runs; None where
-    they do."""
+def bf16_grouped_problem(capability: tuple[int, int] | None, exact: bool, dtypes: tuple[torch.dtype, torch.dtype],
+                         out_dtype: torch.dtype) -> str | None:
+    """Why the one-launch bf16 kernels do not run an unquantized grouped product of any layout (``exact``: in the
+    operands' dtype, else in bf16) on a GPU of this capability (None: the Triton interpreter), where Triton runs;
+    None where they do."""
     if capability is not None and capability < BF16_MMA_CAPABILITY:
         return f"sm_{capability[0]}{capability[1]} has no bf16 tensor-core MMA"
     if exact and any(d != torch.bfloat16 for d in dtypes):

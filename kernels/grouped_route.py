@@ -61,7 +61,7 @@ def grouped_route(device: torch.device, layout: str, fmt: str, dtypes: tuple[tor
         why = torch_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype, shapes, groups)
         if why is None:
             route = GroupedRoute("torch", None, None, None)
-        elif (triton := bf16_grouped_problem(capability, layout, fmt == EXACT, dtypes, out_dtype)
+        elif (triton := bf16_grouped_problem(capability, fmt == EXACT, dtypes, out_dtype)
               or dispatch.triton_problem(device, None)) is None:
             route = GroupedRoute("triton_bf16", None, why, None)
         else:  # a 3d x 3d batch has no bounds to read

@@ -65,17 +65,17 @@ def test_sm80_bf16_experts_gemm_in_one_launch_equals_the_loop(monkeypatch, poiso
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * want.float().abs().max().item())
 
 
-@pytest.mark.parametrize("capability,layout,exact,dtypes,out_dtype,why", [
-    ((8, 0), "2d3d", True, (BF16, BF16), BF16, None),
-    ((12, 0), "2d2d", False, (FP32, BF16), FP32, None),
-    (None, "2d3d", True, (BF16, BF16), FP32, None),  # the interpreter
-    ((7, 5), "2d3d", True, (BF16, BF16), BF16, "no bf16 tensor-core MMA"),
-    ((9, 0), "3d3d", True, (BF16, BF16), BF16, None),
-    ((9, 0), "2d3d", True, (FP32, FP32), FP32, "the kernels multiply bf16"),
-    ((9, 0), "2d3d", False, (BF16, BF16), torch.float16, "float32 or bfloat16"),
+@pytest.mark.parametrize("capability,exact,dtypes,out_dtype,why", [
+    ((8, 0), True, (BF16, BF16), BF16, None),
+    ((12, 0), False, (FP32, BF16), FP32, None),
+    (None, True, (BF16, BF16), FP32, None),  # the interpreter
+    ((7, 5), True, (BF16, BF16), BF16, "no bf16 tensor-core MMA"),
+    ((9, 0), True, (FP32, FP32), FP32, "the kernels multiply bf16"),
+    ((9, 0), False, (BF16, BF16), torch.float16, "float32 or bfloat16"),
 ])
-def test_sm80_bf16_grouped_problem_table(capability, layout, exact, dtypes, out_dtype, why):
-    problem = bf16_grouped_problem(capability, layout, exact, dtypes, out_dtype)
+def test_sm80_bf16_grouped_problem_table(capability, exact, dtypes, out_dtype, why):
+    """Any layout (2d x 3d, 2d x 2d, a 3d x 3d batch) runs; what stops the kernels is the GPU or the dtypes."""
+    problem = bf16_grouped_problem(capability, exact, dtypes, out_dtype)
     assert problem is None if why is None else why in problem
 
 
