@@ -20,16 +20,16 @@ GPUs with bf16 tensor cores, an fp32 output) Triton's one-launch bf16 kernels (`
 ``torch.mm`` (``exact``, in the wider of the operands' and the output's dtype) or bf16 ``dispatch.scaled_mm`` per
 group, or per batch item for 3d x 3d.
 
-A 2d x 3d product whose reduction is whole blocks runs through ``grouped_dispatch`` (so does a 3d x 3d one, its
-batch items' rows taken as equal token groups, their ends made on the device): its token groups and expert
-weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the device),
-then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
-on the device), else by one Triton launch for every group that reads the offsets on the device
-(``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped quantization per operand on a GPU
-(``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native
-grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read nothing on the host. Other
-products (a reduction that is not whole blocks, a 2d x 2d product with 16x16 tiles, the CPU) quantize
-group by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
+A 2d x 3d product runs through ``grouped_dispatch`` (so does a 3d x 3d one, its batch items' rows taken as equal
+token groups, their ends made on the device; a reduction that is not whole blocks is zero-padded once for every
+group, as each group alone pads it): its token groups and expert weights are quantized together (one Triton
+quantization of every group on a GPU, the offsets read on the device), then multiplied by one native grouped GEMM on
+sm_100 (``scaled_grouped_mm_native``: the scales laid out on the device), else by one Triton launch for every group
+that reads the offsets on the device (``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped
+quantization per operand on a GPU (``quantize_k_groups_triton``: each group zero-padded on the device to a multiple
+of 128 tokens), then one native grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read
+nothing on the host. Other products (a 2d x 2d product with 16x16 tiles, the CPU) quantize group by group with the
+bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
 runs is one decision, ``grouped_route``'s, which also says whether it reads the host.
 
 Offsets out of order or out of range raise on the host paths (``group_bounds``). The device paths never read them
@@ -119,10 +119,11 @@ def grouped_mm(
         if layout == "3d3d":  # the batch's items as equal token groups, their ends made on the device
             rows, size = a.reshape(-1, a.shape[-1]), a.shape[1]
             row_ends = torch.arange(size, rows.shape[0] + 1, size, device=a.device, dtype=torch.int32)
+        rows, weights = _pad_reduction(rows, b, get_format(fmt).block_size)  # every group's, as each alone pads it
         qa = grouped_dispatch.quantize_row_groups(rows, fmt, row_ends, rounding=rounding_a, seed=seeds[0], step=step,
                                                   scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-        qb = grouped_dispatch.quantize_batches(b, fmt, rounding=rounding_b, seed=seeds[1], step=step, tile2d=tile2d_b,
-                                               scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+        qb = grouped_dispatch.quantize_batches(weights, fmt, rounding=rounding_b, seed=seeds[1], step=step,
+                                               tile2d=tile2d_b, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path).view(shape)
     if route.kind == "wgrad":
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), route.path, out_dtype, rounding_a=rounding_a,
@@ -158,7 +159,8 @@ def grouped_mm(
 
 
 def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero-pad the reduction dim (a's columns, b's rows) to a whole number of blocks."""
+    """Zero-pad the reduction dim (a's columns, b's rows, of one group or of every expert at once) to a whole
+    number of blocks."""
     pad = -a.shape[1] % block
     if not pad:
         return a, b

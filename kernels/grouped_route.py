@@ -12,9 +12,10 @@ Routes (``kind``):
   in one Triton launch on bf16 tiles (``grouped_bf16_triton``), offsets read on the device.
 - ``loop``: any other unquantized product, one GEMM per group with the bounds read on the host (per batch item for
   3d x 3d, which has no bounds to read).
-- ``experts``: a quantized 2d x 3d product of whole blocks, or a 3d x 3d one (its batch items' rows taken as equal
-  token groups): the grouped quantizers (every token group in one launch, every expert in one; group by group
-  where Triton does not run), then ``grouped_dispatch.experts_mm`` on ``path``.
+- ``experts``: a quantized 2d x 3d product, or a 3d x 3d one (its batch items' rows taken as equal token groups),
+  its reduction zero-padded to whole blocks where it is not: the grouped quantizers (every token group in one
+  launch, every expert in one; group by group where Triton does not run), then ``grouped_dispatch.experts_mm`` on
+  ``path``.
 - ``wgrad``: a quantized 2d x 2d product where Triton runs: one K-grouped quantization per operand, then one
   grouped GEMM on ``path`` (``grouped_dispatch.wgrad_mm``).
 - ``per_group``: any other quantized product, each group quantized and multiplied on its own.
@@ -89,10 +90,7 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
         return GroupedRoute("per_group", None, why, why)
     quantizers = next(filter(None, (dispatch.quantize_dtype_problem(d) for d in dtypes)), None)
     if layout == "2d3d":
-        k = a_shape[1]
-        if k % fmt.block_size:
-            why = f"a reduction of {k}, not whole blocks, is padded group by group"
-            return GroupedRoute("per_group", None, why, why)
+        k = a_shape[1] + -a_shape[1] % fmt.block_size  # a reduction that is not whole blocks is zero-padded
         quantizers = dispatch.triton_problem(device, quantizers)
         tile_rows = 16 if tile2d_b else 1
         a, b = Operand(fmt, None, None, None, ANY_TOKENS, k), Operand(fmt, None, None, None, b_shape[2], k, tile_rows)

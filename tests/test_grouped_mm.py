@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import autoprec.kernels.ops  # noqa: F401
+from autoprec.formats import get_format
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.hadamard_ref import rht_ref, rht_signs
 from autoprec.kernels.quantize_ref import dequantize_ref, quantize_ref
@@ -49,17 +50,20 @@ CASES = [("nvfp4", "rne", "rne", False, False), ("nvfp4", "rne", "sr", False, Tr
          ("mxfp8_e5m2", "rne", "sr", False, False)]
 
 
+@pytest.mark.parametrize("k", [64, 40], ids=["k64", "k40-padded"])
 @pytest.mark.parametrize("fmt,ra,rb,tile2d,rht", CASES)
-def test_fprop_layout_bit_exact(fmt, ra, rb, tile2d, rht):
-    """2d x 3d (fprop / dgrad): each expert's tokens and weight quantized on their own."""
-    a, w = data(T, 64), data(5, 64, 32, seed=1)
+def test_fprop_layout_bit_exact(fmt, ra, rb, tile2d, rht, k):
+    """2d x 3d (fprop / dgrad): each expert's tokens and weight quantized on their own (a reduction that is not
+    whole blocks zero-padded, as each group alone pads it)."""
+    a, w = data(T, k), data(5, k, 32, seed=1)
     w[3] *= 1000.0  # experts of very different magnitudes: per-expert tensor scales keep both
     got = grouped_mm(a, w, OFFS, fmt, rounding_a=ra, rounding_b=rb, tile2d_b=tile2d, rht=rht,
                      rht_signs=rht_signs(0), seeds=(11, 12), step=3)
     want = torch.zeros(T, 32)
     for g, (s, e) in enumerate(zip([0] + OFFS.tolist()[:-1], OFFS.tolist())):
         if e > s:
-            want[s:e] = _oracle_group(a[s:e], w[g], fmt, ra, rb, tile2d, rht, (11, 12), g, 3, 16)
+            want[s:e] = _oracle_group(a[s:e], w[g], fmt, ra, rb, tile2d, rht, (11, 12), g, 3,
+                                      get_format(fmt).block_size)
     assert torch.equal(got, want)
 
 
@@ -78,16 +82,18 @@ def test_wgrad_layout_bit_exact_with_padding(fmt, ra, rb, tile2d, rht):
     assert torch.equal(got[1], torch.zeros(48, 32))  # the empty expert gets a zero gradient
 
 
+@pytest.mark.parametrize("k", [64, 40], ids=["k64", "k40-padded"])
 @pytest.mark.parametrize("fmt,ra,rb,tile2d,rht", CASES)
-def test_batched_layout_bit_exact(fmt, ra, rb, tile2d, rht):
+def test_batched_layout_bit_exact(fmt, ra, rb, tile2d, rht, k):
     """3d x 3d (a batch of experts; its dgrad and wgrad are 3d x 3d too): item g's operands quantized on their own
     under group g's SR streams, as the 2d x 3d layout's token groups; a transposed view (a wgrad's a^T) as well."""
-    a, w = data(4, 8, 64), data(4, 64, 32, seed=1)
+    a, w = data(4, 8, k), data(4, k, 32, seed=1)
     w[2] *= 1000.0
     for a_ in (a, a.transpose(1, 2).contiguous().transpose(1, 2)):
         got = grouped_mm(a_, w, None, fmt, rounding_a=ra, rounding_b=rb, tile2d_b=tile2d, rht=rht,
                          rht_signs=rht_signs(0), seeds=(11, 12), step=3)
-        want = torch.stack([_oracle_group(a[g], w[g], fmt, ra, rb, tile2d, rht, (11, 12), g, 3, 16)
+        want = torch.stack([_oracle_group(a[g], w[g], fmt, ra, rb, tile2d, rht, (11, 12), g, 3,
+                                          get_format(fmt).block_size)
                             for g in range(4)])
         assert torch.equal(got, want)
 

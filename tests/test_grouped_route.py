@@ -24,10 +24,10 @@ T, K, N = 80, 64, 32
 CASES = [
     ((9, 0), "nvfp4", "2d3d", K, False, BF16, "experts", "decoded_grouped", None),
     ((9, 0), "mxfp8", "2d2d", K, False, FP32, "wgrad", "decoded_grouped", None),
-    ((9, 0), "nvfp4", "2d3d", 40, False, BF16, "per_group", None, "not whole blocks"),
+    ((9, 0), "nvfp4", "2d3d", 40, False, BF16, "experts", "decoded_grouped", None),  # zero-padded to 48
     ((9, 0), "nvfp4", "2d2d", K, True, BF16, "per_group", None, "16x16 tiles"),
     ((9, 0), "nvfp4", "3d3d", K, False, BF16, "experts", "decoded_grouped", None),  # items as equal token groups
-    ((9, 0), "nvfp4", "3d3d", 40, False, BF16, "per_group", None, "not whole blocks"),
+    ((9, 0), "mxfp8", "3d3d", 40, False, BF16, "experts", "decoded_grouped", None),  # zero-padded to 64
     ((9, 0), "nvfp4", "2d3d", K, False, torch.float16, "experts", "decoded_grouped", None),  # fp32, rounded once
     ((9, 0), "mxfp8", "2d2d", K, False, torch.float16, "wgrad", "decoded_grouped", None),
     ((9, 0), "bf16", "2d3d", K, False, BF16, "torch", None, None),

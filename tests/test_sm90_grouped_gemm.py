@@ -122,15 +122,16 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
     torch.testing.assert_close(grouped_mm(a, w, offs, "nvfp4", **opts), expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
-def test_sm90_batched_grouped_mm_is_one_launch_reading_nothing_on_the_host(monkeypatch, fmt):
+@pytest.mark.parametrize("fmt,k", [("nvfp4", K), ("mxfp8", K), ("nvfp4", 40), ("mxfp8", 40)])
+def test_sm90_batched_grouped_mm_is_one_launch_reading_nothing_on_the_host(monkeypatch, fmt, k):
     """A quantized 3d x 3d grouped_mm (a batch of experts) on a stood-in H100: its items' rows are equal token
     groups of the one-launch experts GEMM, whose ends are made on the device (no host read, no dense GEMM per
-    item), equal to auto mode's per-item CPU kernels up to accumulation order."""
+    item), equal to auto mode's per-item CPU kernels up to accumulation order; a reduction that is not whole blocks
+    (40) zero-padded once for the batch."""
     from autoprec.kernels.grouped import grouped_mm
 
     gen = torch.Generator().manual_seed(5)
-    a, w = torch.randn(6, 40, K, generator=gen), torch.randn(6, K, N, generator=gen)
+    a, w = torch.randn(6, 40, k, generator=gen), torch.randn(6, k, N, generator=gen)
     opts = dict(rounding_a="sr", seeds=(3, 4), step=torch.tensor(1), out_dtype=torch.float32)
     expected = grouped_mm(a, w, None, fmt, **opts)
     stand_in_gpu(monkeypatch, (9, 0))
