@@ -203,7 +203,13 @@ def test_sm90_compiled_batch_of_experts_runs_each_product_as_one_grouped_gemm(mo
     """End to end: capacity-style experts (``F.grouped_mm`` of (E, C, D) tokens by (E, D, H) weights, no offsets)
     compiled under the nvfp4 recipe for a stood-in H100: every quantized 3d x 3d product of a step (fprop, dgrad and
     wgrad of both projections) is one grouped GEMM on the decoded path, with the gradients of the CPU's per-item
-    kernels."""
+    kernels; the rewrite emits them as the op CUDA graphs may capture (the CPU's compile, as the tagged op)."""
+    from autoprec import backend
+
+    graphs = []
+    orig = backend.pair_quantizations
+    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
+
     class BatchOfExperts(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -226,3 +232,5 @@ def test_sm90_compiled_batch_of_experts_runs_each_product_as_one_grouped_gemm(mo
     torch.manual_seed(0)
     seed_model = BatchOfExperts().bfloat16()
     assert grouped_paths_on_stand_in_gpu(monkeypatch, (9, 0), lambda: grads(seed_model)) == ["decoded_grouped"] * 6
+    ops = sorted(str(n.target) for g in graphs for n in g.graph.nodes if "grouped_mm" in str(n.target))
+    assert ops == ["autoprec.grouped_mm.default"] * 6 + ["autoprec.grouped_mm_on_device.default"] * 6
