@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import BF16
+from autoprec.kernels.dispatch import KERNEL_OUT_DTYPES
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_sources, padded_width
 from autoprec.kernels.operand import Operand
 
 BF16_MMA_CAPABILITY = (8, 0)  # the first compute capability with bf16 tensor-core MMA
-OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def bf16_grouped_problem(capability: tuple[int, int] | None, exact: bool, dtypes: tuple[torch.dtype, torch.dtype],
@@ -33,7 +33,7 @@ def bf16_grouped_problem(capability: tuple[int, int] | None, exact: bool, dtypes
         return f"sm_{capability[0]}{capability[1]} has no bf16 tensor-core MMA"
     if exact and any(d != torch.bfloat16 for d in dtypes):
         return f"exact operands {dtypes} (the kernels multiply bf16)"
-    if out_dtype not in OUT_DTYPES:
+    if out_dtype not in KERNEL_OUT_DTYPES:
         return f"out_dtype {out_dtype} (the kernels write float32 or bfloat16)"
     return None
 
