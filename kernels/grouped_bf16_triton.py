@@ -1,16 +1,15 @@
 """Unquantized experts GEMMs (``exact`` on bf16 operands, or ``bf16``) in one Triton launch, the offsets read on
 the device, where torch's grouped GEMM would loop over the groups on the host: GPUs other than sm_90 / sm_100
-(sm_80, sm_89, sm_120), and an fp32 output, which torch's kernel does not write. The kernels are the one-launch
-grouped GEMMs of ``grouped_mm_triton`` on bf16 tiles (what its decoded path multiplies; Triton is imported only
-where they run): fp32 accumulation, one rounding to the output dtype, each group's product equal to ``torch.mm``
-of that group up to accumulation order.
+(sm_80, sm_89, sm_120), and an fp32 output, which torch's kernel does not write. The kernels (Triton is imported
+only where they run) take fp32 accumulation and one rounding to the output dtype, each group's product equal to
+``torch.mm`` of that group up to accumulation order.
 
-- 2d x 3d: the (T, K) token rows as they are, every expert's (N, K) weight one after the other (a copy unless the
-  weights are stored (E, N, K)); rows past the last offset written as zeros.
+- 2d x 3d: ``grouped_mm_triton``'s one-launch kernel on bf16 tiles (what its decoded path multiplies): the (T, K)
+  token rows as they are, every expert's (N, K) weight one after the other (a copy unless the weights are stored
+  (E, N, K)); rows past the last offset written as zeros.
 - 3d x 3d (a batch): the items' (M, K) rows one after the other, as equal token groups of the 2d x 3d kernel.
-- 2d x 2d (wgrad): both operands laid out K-grouped as the quantized wgrad's are, each group's tokens padded with
-  zeros to a multiple of ``GROUP_PAD`` (a gather on the device), so the kernel's K tiles never span two groups; an
-  empty group's gradient is zero.
+- 2d x 2d (wgrad): ``wgrad_bf16_triton``'s kernel, both operands read where they lie, each group's K loop over its
+  own tokens; an empty group's gradient is zero.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import torch
 
 from autoprec.formats import BF16
 from autoprec.kernels.dispatch import KERNEL_OUT_DTYPES
-from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_sources, padded_width
 from autoprec.kernels.operand import Operand
 
 BF16_MMA_CAPABILITY = (8, 0)  # the first compute capability with bf16 tensor-core MMA
@@ -42,7 +40,7 @@ def bf16_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None,
                     out_dtype: torch.dtype) -> torch.Tensor:
     """The grouped product (``grouped.grouped_mm``'s ``layout``) of ``a`` and ``b`` cast to bf16, in one launch;
     ``bf16_grouped_problem`` is None for it."""
-    from autoprec.kernels.grouped_mm_triton import BF16_BLOCKS, BF16_OPTIONS, bf16_dot, launch_grouped, launch_wgrad
+    from autoprec.kernels.grouped_mm_triton import BF16_BLOCKS, BF16_OPTIONS, bf16_dot, launch_grouped
 
     a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
     if layout in ("2d3d", "3d3d"):
@@ -52,16 +50,9 @@ def bf16_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None,
         launch_grouped(_operand(rows), _operand(stacked), None, None, out, bf16_dot(), BF16_BLOCKS, experts=experts,
                        offs=None if offs is None else offs.to(torch.int32), **BF16_OPTIONS)
         return out.view(*a.shape[:-1], n)
-    offs = offs.to(torch.int32)
-    (m, tokens), n, experts = a.shape, b.shape[1], offs.shape[0]
-    width = padded_width(tokens, experts)
-    source, filled = padded_sources(offs, GROUP_PAD, width)
-    source = source.clamp_(0, tokens - 1)
-    a_k = torch.where(filled, a[:, source], 0)  # (M, KP): each group's tokens, then zeros to its padded end
-    b_k = torch.where(filled, b.t()[:, source], 0)  # (N, KP)
-    out = torch.empty(experts, m, n, device=a.device, dtype=out_dtype)
-    return launch_wgrad(_operand(a_k), _operand(b_k), None, None, out, bf16_dot(), BF16_BLOCKS,
-                        ends=padded_ends(offs, GROUP_PAD), **BF16_OPTIONS)
+    from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
+
+    return bf16_wgrad(a, b, offs.to(torch.int32), out_dtype)
 
 
 def _operand(x: torch.Tensor) -> Operand:

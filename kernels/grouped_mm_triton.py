@@ -180,7 +180,8 @@ def _options(a: Operand, b: Operand, a_ts, b_ts, out: torch.Tensor, dot: int, bl
                 BN=blocks[1], BK=blocks[2], DOT=dot, GUARDED=flag is not None)
 
 
-def _out(out: torch.Tensor) -> torch.Tensor:
+def store_view(out: torch.Tensor) -> torch.Tensor:
+    """``out`` as the kernels store to it (bf16 as its int16 bits, which ``store_tile`` writes)."""
     return out.view(torch.int16) if out.dtype == torch.bfloat16 else out
 
 
@@ -197,7 +198,7 @@ def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torc
     # at most one partial tile per group and the tail; E whole runs of tiles for equal groups
     tiles = experts * cdiv(t // experts, blocks[0]) if equal else cdiv(t, blocks[0]) + experts + 1
     grouped_mm_kernel[(tiles, cdiv(n, blocks[1]))](
-        *_args(a, b, a_ts, b_ts, out), out if equal else offs, _out(out), out if flag is None else flag, t, n, k,
+        *_args(a, b, a_ts, b_ts, out), out if equal else offs, store_view(out), out if flag is None else flag, t, n, k,
         experts, b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
         b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=1 if equal else triton.next_power_of_2(experts + 1),
         EQUAL=equal, **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
@@ -214,7 +215,7 @@ def launch_wgrad(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.
     m, n = a.rows, b.rows
     grid = (cdiv(m, blocks[0]), cdiv(n, blocks[1]), ends.shape[0])
     grouped_wgrad_kernel[grid](
-        *_args(a, b, a_ts, b_ts, out), ends, _out(out), out if flag is None else flag, m, n, a.k,
+        *_args(a, b, a_ts, b_ts, out), ends, store_view(out), out if flag is None else flag, m, n, a.k,
         *kernel_args(a)[1], *kernel_args(b)[1], **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
     )
     return out

@@ -27,6 +27,7 @@ from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
+from autoprec.kernels import wgrad_bf16_triton as wb
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
             "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "flag_ptr": "*i32", "M": "i32", "N": "i32",
@@ -203,8 +204,8 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
     """The experts' one-launch GEMMs, 2d x 3d (up to 63 groups) and the wgrad's 2d x 2d, bf16 out: tiles decoded in
     registers (NVFP4, with 16x16 weight tiles for 2d x 3d; MXFP8), pre-decoded bf16 tiles with NVFP4's per-group
-    tensor scales, and the guarded fp32 recompute; and the 2d x 3d kernel's equal groups (a batched product) as
-    sm_90 runs them, pre-decoded bf16 tiles and the recompute."""
+    tensor scales, and the guarded fp32 recompute; the unquantized wgrad reading its bf16 operands in place; and the
+    2d x 3d kernel's equal groups (a batched product) as sm_90 runs them, pre-decoded bf16 tiles and the recompute."""
     sig = {k: v for k, v in POINTERS.items() if k not in ("bias_ptr", "M", "N", "K")} | {
         "offs_ptr": "*i32", "out_ptr": "*i16", "T": "i32", "N": "i32", "K": "i32", "E": "i32", "b_step": "i32",
         "bs_step": "i32"}
@@ -239,7 +240,14 @@ def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
                  spec("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True}, {})]
     equal = {"EQUAL": True, "EP": 1}
     bf16 = sig | {"a_codes": "*bf16", "b_codes": "*bf16"}
-    return out + [("tensor_core_grouped_batched_bf16", gg.grouped_mm_kernel, bf16,
+    # the bf16 wgrad reading its operands in place, as a launch specializes the usual strides (unit along M and N)
+    inplace_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "offs_ptr": "*i32", "out_ptr": "*i16", "M": "i32", "N": "i32",
+                   "T": "i32", "s_at": "i32", "s_bt": "i32"}
+    inplace = {"s_am": 1, "s_bn": 1, "OUT_BF16": True, "BM": gg.BF16_BLOCKS[0], "BN": gg.BF16_BLOCKS[1],
+               "BK": gg.BF16_BLOCKS[2], "DOT": fp32.DOT_BF16}
+    return out + [("tensor_core_grouped_wgrad_inplace_bf16", wb.bf16_wgrad_kernel, inplace_sig, inplace,
+                   gg.BF16_OPTIONS),
+                  ("tensor_core_grouped_batched_bf16", gg.grouped_mm_kernel, bf16,
                    const("bf16", gg.BF16_BLOCKS, fp32.DOT_BF16, scaled=True) | equal, gg.BF16_OPTIONS),
                   ("fp32_grouped_batched_mxfp8", gg.grouped_mm_kernel, sig,
                    const("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True} | equal, {})]

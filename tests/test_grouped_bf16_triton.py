@@ -95,7 +95,7 @@ def test_sm80_compiled_moe_step_runs_its_bf16_experts_in_one_launch_each(monkeyp
     gradients equal the same step on the CPU's per-group loop."""
     from test_moe import MoEBlock
 
-    from autoprec.kernels import grouped_mm_triton
+    from autoprec.kernels import grouped_mm_triton, wgrad_bf16_triton
 
     def step(seed_model: MoEBlock) -> list[torch.Tensor]:
         model = MoEBlock().bfloat16()
@@ -110,9 +110,9 @@ def test_sm80_compiled_moe_step_runs_its_bf16_experts_in_one_launch_each(monkeyp
     torch._dynamo.reset()
     stand_in_gpu(monkeypatch, (8, 0))
     launches = []
-    for name in ("launch_grouped", "launch_wgrad"):
-        record_calls(monkeypatch, grouped_mm_triton, name, launches)
+    record_calls(monkeypatch, grouped_mm_triton, "launch_grouped", launches)
+    record_calls(monkeypatch, wgrad_bf16_triton, "bf16_wgrad", launches)
     got = step(seed_model)
-    assert sorted(name for name, _ in launches) == ["launch_grouped"] * 4 + ["launch_wgrad"] * 2
+    assert sorted(name for name, _ in launches) == ["bf16_wgrad"] * 2 + ["launch_grouped"] * 4
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=2**-7, atol=1e-3 * w.float().abs().max().item())

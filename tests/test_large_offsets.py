@@ -2,7 +2,8 @@
 2.5e9): offsets are int64, where int32 ones wrap and read or write outside the tensor. The quantizers are checked
 on strided views whose rows lie 2**26 elements apart over a 4.4 GB allocation, of which only the rows read are
 touched: each quantization equals that of the view's contiguous copy, bit for bit. The GEMMs' epilogue (its
-store is every matmul kernel's) on the first column of tiles of a (33, 2**26) product. Run in subprocesses, since a
+store is every matmul kernel's) on the first column of tiles of a (33, 2**26) product; the bf16 wgrad on an operand
+whose rows lie 2**24 elements apart, equal to the same product of its contiguous copy. Run in subprocesses, since a
 wrapped offset crashes the Triton interpreter instead of failing."""
 import os
 import subprocess
@@ -73,7 +74,25 @@ print("OK" if torch.equal(out[:, :BN], acc[:, :BN].bfloat16()) else "MISMATCH")
 '''
 
 
-@pytest.mark.parametrize("script", [SCRIPT, EPILOGUE], ids=["quantizers", "gemm-epilogue"])
+WGRAD = r'''
+import torch
+from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
+
+M, T, STRIDE = 130, 40, 1 << 24  # rows 128 and 129 of the (M, T) operand, its second row tile, start past 2**31
+try:
+    store = torch.empty(STRIDE * (M - 1) + T, dtype=torch.bfloat16)  # 4.3 GB of address space
+except RuntimeError as e:
+    print(f"SKIP no 4.3 GB allocation here: {e}")
+    raise SystemExit
+a = store.as_strided((M, T), (STRIDE, 1))
+a.copy_(torch.randn(M, T, generator=torch.Generator().manual_seed(0)))
+b, offs = torch.randn(T, 24, generator=torch.Generator().manual_seed(1)).bfloat16(), torch.tensor([20, 40]).int()
+same = torch.equal(bf16_wgrad(a, b, offs, torch.float32), bf16_wgrad(a.contiguous(), b, offs, torch.float32))
+print("OK" if same else "MISMATCH")
+'''
+
+
+@pytest.mark.parametrize("script", [SCRIPT, EPILOGUE, WGRAD], ids=["quantizers", "gemm-epilogue", "bf16-wgrad"])
 def test_kernels_address_elements_past_2_31(script):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)

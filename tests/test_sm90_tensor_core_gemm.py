@@ -48,14 +48,15 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
 def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
     """The experts' one-launch GEMMs (2d x 3d, and the wgrad's 2d x 2d): wgmma on sm_90 and tcgen05 on sm_100 for
     in-register NVFP4 and MXFP8 tiles and for pre-decoded bf16 tiles (the fp32 recompute has no tensor-core dot);
-    the 2d x 3d kernel's equal groups (batched products) likewise."""
+    the 2d x 3d kernel's equal groups (batched products) and the bf16 wgrad reading its operands in place likewise."""
     for cap, mma in ((90, "wgmma"), (100, "tcgen05")):
         grouped = {r["kernel"]: r[mma] for r in ptx_report if r["cap"] == cap and "_grouped_" in r["kernel"]}
         assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core"
                            for layout in ("gemm", "wgrad")
                            for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"),
                                              ("tensor_core", "bf16"), ("fp32", "mxfp8"))} | {
-            "tensor_core_grouped_batched_bf16": True, "fp32_grouped_batched_mxfp8": False}
+            "tensor_core_grouped_batched_bf16": True, "fp32_grouped_batched_mxfp8": False,
+            "tensor_core_grouped_wgrad_inplace_bf16": True}
 
 
 @pytest.mark.parametrize("cap", [80, 120])
@@ -67,7 +68,8 @@ def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
     assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core" for layout in ("gemm", "wgrad")
                        for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"), ("tensor_core", "bf16"),
                                          ("fp32", "mxfp8"))} | {"tensor_core_grouped_batched_bf16": True,
-                                                                "fp32_grouped_batched_mxfp8": False}
+                                                                "fp32_grouped_batched_mxfp8": False,
+                                                                "tensor_core_grouped_wgrad_inplace_bf16": True}
 
 
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
