@@ -21,11 +21,12 @@ GPUs with bf16 tensor cores, an fp32 output) Triton's one-launch bf16 kernels (`
 group, or per batch item for 3d x 3d.
 
 A 2d x 3d product runs through ``grouped_dispatch`` (so does a 3d x 3d one, its batch items' rows taken as equal
-token groups, their ends made on the device; a reduction that is not whole blocks is zero-padded once for every
-group, as each group alone pads it): its token groups and expert weights are quantized together (one Triton
-quantization of every group on a GPU, the offsets read on the device), then multiplied by one native grouped GEMM on
-sm_100 (``scaled_grouped_mm_native``: the scales laid out on the device), else by one Triton launch for every group
-that reads the offsets on the device (``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped
+token groups, their ends made on the device, items stored transposed quantized where they lie; a reduction that
+is not whole blocks is zero-padded once for every group, as each group alone pads it): its token groups and
+expert weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the
+device), then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
+on the device), else by one Triton launch for every group that reads the offsets on the device
+(``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped
 quantization per operand on a GPU (``quantize_k_groups_triton``: each group zero-padded on the device to a multiple
 of 128 tokens), then one native grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read
 nothing on the host. Other products (a 2d x 2d product with 16x16 tiles, the CPU) quantize group by group with the
@@ -45,6 +46,7 @@ from autoprec.kernels.grouped_bf16_triton import bf16_grouped_mm
 from autoprec.kernels.grouped_dispatch import group_bounds
 from autoprec.kernels.grouped_route import EXACT, grouped_route
 from autoprec.kernels.grouped_torch import torch_grouped_mm
+from autoprec.kernels.quantized import QuantizedGroups
 from autoprec.kernels.random_bits import group_seed, sr_stream
 
 
@@ -115,15 +117,19 @@ def grouped_mm(
     groups = group_count(a.shape, None if offs is None else offs.shape, layout)
     route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, tile2d_b, out_dtype)
     if route.kind == "experts":
-        rows, row_ends = a, offs
-        if layout == "3d3d":  # the batch's items as equal token groups, their ends made on the device
-            rows, size = a.reshape(-1, a.shape[-1]), a.shape[1]
-            row_ends = torch.arange(size, rows.shape[0] + 1, size, device=a.device, dtype=torch.int32)
-        rows, weights = _pad_reduction(rows, b, get_format(fmt).block_size)  # every group's, as each alone pads it
-        qa = grouped_dispatch.quantize_row_groups(rows, fmt, row_ends, rounding=rounding_a, seed=seeds[0], step=step,
-                                                  scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-        qb = grouped_dispatch.quantize_batches(weights, fmt, rounding=rounding_b, seed=seeds[1], step=step,
-                                               tile2d=tile2d_b, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+        quantize = dict(fmt=fmt, step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+        if layout == "3d3d" and _items_transposed(a, get_format(fmt).block_size):
+            qa, weights = _transposed_items(a, rounding_a, seeds[0], quantize), b  # read where they lie, no copy
+        else:
+            rows, row_ends = a, offs
+            if layout == "3d3d":  # the batch's items as equal token groups, their ends made on the device
+                rows, size = a.reshape(-1, a.shape[-1]), a.shape[1]
+                row_ends = torch.arange(size, rows.shape[0] + 1, size, device=a.device, dtype=torch.int32)
+            rows, weights = _pad_reduction(rows, b, get_format(fmt).block_size)  # every group's, as each pads it
+            qa = grouped_dispatch.quantize_row_groups(rows, offs=row_ends, rounding=rounding_a, seed=seeds[0],
+                                                      **quantize)
+        qb = grouped_dispatch.quantize_batches(weights, rounding=rounding_b, seed=seeds[1], tile2d=tile2d_b,
+                                               **quantize)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path).view(shape)
     if route.kind == "wgrad":
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), route.path, out_dtype, rounding_a=rounding_a,
@@ -156,6 +162,21 @@ def grouped_mm(
     for _, slot, qa, qb in quantized:
         out[slot] = dispatch.scaled_mm(qa, qb, None, out_dtype)
     return out
+
+
+def _items_transposed(a: torch.Tensor, block: int) -> bool:
+    """Whether a 3d x 3d product's (E, M, K) items are stored transposed (unit stride along M, e.g. a wgrad's aᵀ),
+    their K whole blocks: the batch quantizer reads them where they lie, where the token rows would be a copy."""
+    return a.stride(1) == 1 and a.stride(2) != 1 and a.shape[2] % block == 0
+
+
+def _transposed_items(a: torch.Tensor, rounding: str, seed: int, quantize: dict) -> QuantizedGroups:
+    """Transposed (E, M, K) items (``_items_transposed``) quantized along K as the equal token groups of their
+    (E·M, K) rows, bit for bit: each item as its (K, M) transpose, SR bits keyed on the item's own indices."""
+    (items, m, k), q = a.shape, grouped_dispatch.quantize_batches(a.transpose(1, 2), rounding=rounding, seed=seed,
+                                                                  sr_of_transpose=True, **quantize)
+    return QuantizedGroups(q.fmt, q.codes.reshape(items * m, -1), q.scales.reshape(items * m, -1), q.tensor_scales,
+                           torch.Size((items * m, k)))
 
 
 def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -77,13 +77,16 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
 
 def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", seed: int = 0,
                      step: torch.Tensor | int = 0, tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
-                     rht_signs: torch.Tensor | None = None) -> QuantizedGroups:
+                     rht_signs: torch.Tensor | None = None, sr_of_transpose: bool = False) -> QuantizedGroups:
     """Each item ``x[e]`` of a 3D (E, K, N) tensor (a grouped GEMM's expert weights) quantized along K on its own,
     as ``quantize_row_groups`` quantizes token groups (the item's own tensor scale and SR stream
     ``sr_stream(group_seed(seed, e), step)``): one Triton quantization of every item where Triton runs, else one
-    per item."""
+    per item. ``sr_of_transpose``: each item quantized as ``x[e]ᵀ`` (N, K) along its rows (SR bits keyed on its
+    indices; the same codes layout): an (E, N, K) operand stored transposed, read where it lies."""
     if x.ndim != 3:
         raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
+    if sr_of_transpose and tile2d:
+        raise ValueError("quantize_batches: sr_of_transpose quantizes rows, which take no 16x16 tiles (tile2d)")
     fmt = check_quantize_args(x[0], fmt, 0, rounding, tile2d, scale_mode)
     tile_rows = 16 if tile2d else 1
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
@@ -91,11 +94,13 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
 
         codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None,
                                                     step=_device_step(step, x.device), tile2d=tile2d,
-                                                    scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs)
+                                                    scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs,
+                                                    sr_of_transpose=sr_of_transpose)
         return QuantizedGroups(fmt, codes, scales, ts, x.shape, tile_rows)
     step = int(step)
-    items = [dispatch.quantize(x[e], fmt, 0, rounding=rounding, seed=sr_stream(group_seed(seed, e), step),
-                               tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+    items = [dispatch.quantize(x[e].t() if sr_of_transpose else x[e], fmt, 1 if sr_of_transpose else 0,
+                               rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
+                               scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
              for e in range(x.shape[0])]
     ts = None if fmt is not NVFP4 else torch.stack([q.tensor_scale for q in items])
     return QuantizedGroups(fmt, torch.stack([q.codes for q in items]), torch.stack([q.scales for q in items]), ts,

@@ -212,16 +212,19 @@ def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K,
 
 def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, step: torch.Tensor,
                             tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
-                            rht_signs_: torch.Tensor | None = None
+                            rht_signs_: torch.Tensor | None = None, sr_of_transpose: bool = False
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(codes (E, N, ...), scales (E, ...), per-item decode scales: E fp32 for NVFP4, else None) of each item
     x[e] of a 3D (E, K, N) tensor quantized along K (its dim 0) on its own, laid out as ``quantize_triton`` lays
-    out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s."""
+    out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s. ``sr_of_transpose``: SR
+    bits keyed on x[e]ᵀ's indices, so each item's codes are those of x[e]ᵀ (N, K) quantized along its rows (an
+    operand stored transposed)."""
     items, k, n = x.shape
     key = seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n, meta["BR"]), cdiv(k, meta["BK"]), items)  # noqa: E731
-    view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=1, r_k=n)  # SR: x[e]'s indices
+    r_r, r_k = (k, 1) if sr_of_transpose else (1, n)  # SR: x[e]ᵀ's indices, or x[e]'s
+    view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=r_r, r_k=r_k)
     common = dict(RHT=rht, SR=seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(items, device=x.device, dtype=torch.int32)

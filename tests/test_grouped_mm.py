@@ -98,6 +98,20 @@ def test_batched_layout_bit_exact(fmt, ra, rb, tile2d, rht, k):
         assert torch.equal(got, want)
 
 
+def test_transposed_batch_items_are_quantized_where_they_lie(monkeypatch):
+    """Items stored transposed (a 3d x 3d wgrad's aᵀ) go to the batch quantizer as the stored tensor, no copy into
+    token rows first (the bytes: ``test_batched_layout_bit_exact``); the weights as before."""
+    pytest.importorskip("triton")
+    from autoprec.kernels import grouped_dispatch
+
+    seen, real = [], grouped_dispatch.quantize_batches
+    monkeypatch.setattr(grouped_dispatch, "quantize_batches", lambda x, *args, **kwargs: seen.append(
+        (x.data_ptr(), x.is_contiguous(), kwargs.get("sr_of_transpose", False))) or real(x, *args, **kwargs))
+    stored, w = data(4, 64, 8), data(4, 64, 32, seed=1)
+    grouped_mm(stored.transpose(1, 2), w, None, "nvfp4", rounding_a="sr", step=3)
+    assert seen == [(stored.data_ptr(), True, True), (w.data_ptr(), True, False)]
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
 def test_float16_output_is_the_fp32_product_rounded_once(fmt):
     """An fp16 model's grouped products: the kernels write fp32 or bf16, so fp16 is their fp32 product rounded

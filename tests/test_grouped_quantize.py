@@ -139,6 +139,28 @@ def test_batched_expert_quantizer_equals_each_expert_alone(fmt, seed, tile2d, la
             assert bits_equal(ts[e].cpu(), ref.tensor_scale), e
 
 
+@pytest.mark.parametrize("fmt,seed,rht", [("nvfp4", 7, True), ("nvfp4", None, False), ("mxfp8", 7, False)])
+def test_batched_quantizer_of_transposed_items_equals_each_items_rows_alone(monkeypatch, fmt, seed, rht):
+    """``sr_of_transpose``: the items x[e] (K, M) of a batch stored transposed (a 3d x 3d wgrad's aᵀ) quantized as
+    their (M, K) rows alone would be, SR bits keyed on the rows' indices, bit for bit; the CPU path (one
+    quantization per item) makes the same bytes."""
+    rows = torch.stack([edge_tensor(48, 64, seed=e) * 1000.0 ** (e - 1) for e in range(3)])  # (3, M=48, K=64)
+    x = rows.transpose(1, 2)  # (3, K, M), unit stride along M
+    got = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
+                                            step=STEP, rht=rht, rht_signs=None, sr_of_transpose=True)
+    for e in range(3):
+        src = rht_ref(rows[e], 1) if rht else rows[e]
+        rand = None if seed is None else sr_bits(rows[e].shape, sr_stream(group_seed(seed, e), STEP))
+        ref = quantize_ref(src, fmt, 1, rounding="rne" if seed is None else "sr", rand=rand)
+        assert bits_equal(got.codes[e], ref.codes) and bits_equal(got.scales[e], ref.scales), e
+    monkeypatch.setattr(dispatch, "use_triton", lambda *args: False)
+    cpu = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
+                                            step=STEP, rht=rht, sr_of_transpose=True)
+    assert bits_equal(cpu.codes, got.codes) and bits_equal(cpu.scales, got.scales)
+    with pytest.raises(ValueError, match="tile2d"):
+        grouped_dispatch.quantize_batches(x, fmt, tile2d=True, sr_of_transpose=True)
+
+
 def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fresh_dynamo):
     """A compiled MoE block (nvfp4_nvidia: SR gradients, 16x16 expert tiles) under AUTOPREC_KERNELS=triton takes its
     step tensor into the grouped quantizers and runs its wgrads in one launch each, and its loss and gradients match
