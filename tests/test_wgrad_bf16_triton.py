@@ -8,6 +8,7 @@ pytest.importorskip("triton")
 
 from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on a CPU
 BF16, FP32 = torch.bfloat16, torch.float32
 M, N, T = 40, 136, 300  # N: two column tiles, the second partial
 ENDS = [0, 37, 37, 200, 291]  # an empty first and third group, one over several K tiles, nine tokens past the end
@@ -30,7 +31,7 @@ def loop(a: torch.Tensor, b: torch.Tensor, ends: list[int]) -> torch.Tensor:
 def test_wgrad_reads_operands_in_place_and_equals_each_groups_product(a_major, b_major, out_dtype):
     a = tokens(T, M, 0).t() if a_major == "m" else tokens(M, T, 0)
     b = tokens(N, T, 1).t() if b_major == "t" else tokens(T, N, 1)
-    got = bf16_wgrad(a, b, torch.tensor(ENDS, dtype=torch.int32), out_dtype)
+    got = bf16_wgrad(a.to(DEVICE), b.to(DEVICE), torch.tensor(ENDS, dtype=torch.int32, device=DEVICE), out_dtype).cpu()
     want = loop(a, b, ENDS)
     assert got.dtype == out_dtype and got.shape == (len(ENDS), M, N)
     assert not got[0].any() and not got[2].any()
@@ -46,9 +47,9 @@ def test_wgrad_reads_no_token_outside_its_operands(ends):
     """Each operand a view of a buffer whose tokens past T (and, for the transposed one, before it) are NaN: a
     read there would spread into the product."""
     t = 100
-    a_rows = torch.full((t + 2 * GUARD, M), float("nan"), dtype=BF16)
-    a_rows[GUARD:GUARD + t] = tokens(t, M, 0)
-    b = torch.full((t + GUARD, N), float("nan"), dtype=BF16)
-    b[:t] = tokens(t, N, 1)
-    out = bf16_wgrad(a_rows[GUARD:GUARD + t].t(), b[:t], torch.tensor(ends, dtype=torch.int32), FP32)
+    a_rows = torch.full((t + 2 * GUARD, M), float("nan"), dtype=BF16, device=DEVICE)
+    a_rows[GUARD:GUARD + t] = tokens(t, M, 0).to(DEVICE)
+    b = torch.full((t + GUARD, N), float("nan"), dtype=BF16, device=DEVICE)
+    b[:t] = tokens(t, N, 1).to(DEVICE)
+    out = bf16_wgrad(a_rows[GUARD:GUARD + t].t(), b[:t], torch.tensor(ends, dtype=torch.int32, device=DEVICE), FP32)
     assert not out.isnan().any()
