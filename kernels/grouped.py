@@ -22,7 +22,7 @@ group, or per batch item for 3d x 3d.
 
 A 2d x 3d product runs through ``grouped_dispatch`` (so does a 3d x 3d one, its batch items' rows taken as equal
 token groups, their ends made on the device, items stored transposed quantized where they lie; a reduction that
-is not whole blocks is zero-padded once for every group, as each group alone pads it): its token groups and
+is not whole blocks is zero-padded by the quantizers, as each group alone pads it): its token groups and
 expert weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the
 device), then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
 on the device), else by one Triton launch for every group that reads the offsets on the device
@@ -117,19 +117,18 @@ def grouped_mm(
     groups = group_count(a.shape, None if offs is None else offs.shape, layout)
     route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, tile2d_b, out_dtype)
     if route.kind == "experts":
-        quantize = dict(fmt=fmt, step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
-        if layout == "3d3d" and _items_transposed(a, get_format(fmt).block_size):
-            qa, weights = _transposed_items(a, rounding_a, seeds[0], quantize), b  # read where they lie, no copy
+        # a reduction that is not whole blocks zero-padded in the quantizers, as each group alone pads it
+        quantize = dict(fmt=fmt, step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, pad_k=True)
+        if layout == "3d3d" and _items_transposed(a):
+            qa = _transposed_items(a, rounding_a, seeds[0], quantize)  # read where they lie, no copy
         else:
             rows, row_ends = a, offs
             if layout == "3d3d":  # the batch's items as equal token groups, their ends made on the device
                 rows, size = a.reshape(-1, a.shape[-1]), a.shape[1]
                 row_ends = torch.arange(size, rows.shape[0] + 1, size, device=a.device, dtype=torch.int32)
-            rows, weights = _pad_reduction(rows, b, get_format(fmt).block_size)  # every group's, as each pads it
             qa = grouped_dispatch.quantize_row_groups(rows, offs=row_ends, rounding=rounding_a, seed=seeds[0],
                                                       **quantize)
-        qb = grouped_dispatch.quantize_batches(weights, rounding=rounding_b, seed=seeds[1], tile2d=tile2d_b,
-                                               **quantize)
+        qb = grouped_dispatch.quantize_batches(b, rounding=rounding_b, seed=seeds[1], tile2d=tile2d_b, **quantize)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path).view(shape)
     if route.kind == "wgrad":
         return grouped_dispatch.wgrad_mm(a, b, offs, get_format(fmt), route.path, out_dtype, rounding_a=rounding_a,
@@ -164,19 +163,19 @@ def grouped_mm(
     return out
 
 
-def _items_transposed(a: torch.Tensor, block: int) -> bool:
-    """Whether a 3d x 3d product's (E, M, K) items are stored transposed (unit stride along M, e.g. a wgrad's aᵀ),
-    their K whole blocks: the batch quantizer reads them where they lie, where the token rows would be a copy."""
-    return a.stride(1) == 1 and a.stride(2) != 1 and a.shape[2] % block == 0
+def _items_transposed(a: torch.Tensor) -> bool:
+    """Whether a 3d x 3d product's (E, M, K) items are stored transposed (unit stride along M, e.g. a wgrad's aᵀ):
+    the batch quantizer reads them where they lie, where the token rows would be a copy."""
+    return a.stride(1) == 1 and a.stride(2) != 1
 
 
 def _transposed_items(a: torch.Tensor, rounding: str, seed: int, quantize: dict) -> QuantizedGroups:
     """Transposed (E, M, K) items (``_items_transposed``) quantized along K as the equal token groups of their
     (E·M, K) rows, bit for bit: each item as its (K, M) transpose, SR bits keyed on the item's own indices."""
-    (items, m, k), q = a.shape, grouped_dispatch.quantize_batches(a.transpose(1, 2), rounding=rounding, seed=seed,
+    (items, m, _), q = a.shape, grouped_dispatch.quantize_batches(a.transpose(1, 2), rounding=rounding, seed=seed,
                                                                   sr_of_transpose=True, **quantize)
     return QuantizedGroups(q.fmt, q.codes.reshape(items * m, -1), q.scales.reshape(items * m, -1), q.tensor_scales,
-                           torch.Size((items * m, k)))
+                           torch.Size((items * m, q.shape[1])))
 
 
 def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

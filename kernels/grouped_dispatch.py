@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from autoprec.formats import NVFP4, Format
+from autoprec.formats import NVFP4, Format, get_format
 from autoprec.kernels import dispatch
 from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand
@@ -42,22 +42,25 @@ def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
 
 def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, *, rounding: str = "rne",
                         seed: int = 0, step: torch.Tensor | int = 0, scale_mode: str = "rceil", rht: bool = False,
-                        rht_signs: torch.Tensor | None = None) -> QuantizedGroups:
+                        rht_signs: torch.Tensor | None = None, pad_k: bool = False) -> QuantizedGroups:
     """Each row group of 2D ``x`` (between the cumulative ends ``offs``) quantized along dim 1 on its own, as a
     grouped GEMM's token operand is: NVFP4 with the group's own tensor scale (1 for an empty group), SR bits from
     the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch (two more
     for NVFP4's amaxes), ``offs`` and ``step`` read on the device; elsewhere one quantization per group. Rows past
-    the last offset hold codes no product reads."""
-    fmt = check_quantize_args(x, fmt, 1, rounding, False, scale_mode)
+    the last offset hold codes no product reads. ``pad_k``: x as if zero-padded along dim 1 to whole blocks (the
+    zeros made in the kernel where Triton runs, a padded copy elsewhere)."""
     if x.ndim != 2:
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
+    kp = _padded(x.shape[1], fmt, pad_k)
+    fmt = check_quantize_args(x.new_empty(x.shape[0], kp, device="meta"), fmt, 1, rounding, False, scale_mode)
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
 
         codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
                                                        step=_device_step(step, x.device), scale_mode=scale_mode,
-                                                       rht=rht, rht_signs_=rht_signs)
-        return QuantizedGroups(fmt, codes, scales, ts, x.shape)
+                                                       rht=rht, rht_signs_=rht_signs, k_padded=kp)
+        return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp)))
+    x = torch.nn.functional.pad(x, (0, kp - x.shape[1]))
     bounds, step = group_bounds(offs, x.shape[0]), int(step)
     n_rows, k = x.shape
     codes = x.new_zeros(n_rows, k // 2 if fmt is NVFP4 else k, dtype=torch.uint8)
@@ -77,17 +80,20 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
 
 def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", seed: int = 0,
                      step: torch.Tensor | int = 0, tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
-                     rht_signs: torch.Tensor | None = None, sr_of_transpose: bool = False) -> QuantizedGroups:
+                     rht_signs: torch.Tensor | None = None, sr_of_transpose: bool = False,
+                     pad_k: bool = False) -> QuantizedGroups:
     """Each item ``x[e]`` of a 3D (E, K, N) tensor (a grouped GEMM's expert weights) quantized along K on its own,
     as ``quantize_row_groups`` quantizes token groups (the item's own tensor scale and SR stream
     ``sr_stream(group_seed(seed, e), step)``): one Triton quantization of every item where Triton runs, else one
     per item. ``sr_of_transpose``: each item quantized as ``x[e]ᵀ`` (N, K) along its rows (SR bits keyed on its
-    indices; the same codes layout): an (E, N, K) operand stored transposed, read where it lies."""
+    indices; the same codes layout): an (E, N, K) operand stored transposed, read where it lies. ``pad_k``: as
+    ``quantize_row_groups``'s, along K."""
     if x.ndim != 3:
         raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
     if sr_of_transpose and tile2d:
         raise ValueError("quantize_batches: sr_of_transpose quantizes rows, which take no 16x16 tiles (tile2d)")
-    fmt = check_quantize_args(x[0], fmt, 0, rounding, tile2d, scale_mode)
+    kp = _padded(x.shape[1], fmt, pad_k)
+    fmt = check_quantize_args(x.new_empty(kp, x.shape[2], device="meta"), fmt, 0, rounding, tile2d, scale_mode)
     tile_rows = 16 if tile2d else 1
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
@@ -95,9 +101,9 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
         codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None,
                                                     step=_device_step(step, x.device), tile2d=tile2d,
                                                     scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs,
-                                                    sr_of_transpose=sr_of_transpose)
-        return QuantizedGroups(fmt, codes, scales, ts, x.shape, tile_rows)
-    step = int(step)
+                                                    sr_of_transpose=sr_of_transpose, k_padded=kp)
+        return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp, x.shape[2])), tile_rows)
+    x, step = torch.nn.functional.pad(x, (0, 0, 0, kp - x.shape[1])), int(step)
     items = [dispatch.quantize(x[e].t() if sr_of_transpose else x[e], fmt, 1 if sr_of_transpose else 0,
                                rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
@@ -105,6 +111,11 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
     ts = None if fmt is not NVFP4 else torch.stack([q.tensor_scale for q in items])
     return QuantizedGroups(fmt, torch.stack([q.codes for q in items]), torch.stack([q.scales for q in items]), ts,
                            x.shape, tile_rows)
+
+
+def _padded(k: int, fmt: str | Format, pad: bool) -> int:
+    """``k``, or with ``pad`` rounded up to whole blocks of ``fmt``."""
+    return k + (-k % get_format(fmt).block_size if pad else 0)
 
 
 def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor:

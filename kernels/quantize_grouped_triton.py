@@ -101,14 +101,15 @@ def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.cons
 @triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
-                          R, K, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                          R, K, KL, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                           RHT: tl.constexpr, SR: tl.constexpr):
     """NVFP4 of tile (program ids) of the (R, K) view, each row under its group's tensor scales (``k1``: the
-    operand seed); program (0, 0) writes every group's decode scale to ``ts_ptr``."""
+    operand seed), its columns from KL on zeros (a reduction padded to whole blocks); program (0, 0) writes every
+    group's decode scale to ``ts_ptr``."""
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
     g, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
-    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
+    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, KL, s_r, s_k, BR, BK, RHT)
     nvfp4_encode_store(y, amax_ptr, g[:, None], ts_ptr, False, x_ptr, a, b, sr_rows, pid_k * BK, K, 1, codes_ptr,
                        scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, False, True)
     if pid_r == 0 and pid_k == 0:
@@ -119,14 +120,15 @@ def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
 
 @triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
-def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, s_r, s_k, E,
+def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, E,
                           EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                           MAX: tl.constexpr, FLOOR: tl.constexpr, EP: tl.constexpr, BR: tl.constexpr,
                           BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
-    """MXFP8 of tile (program ids) of the (R, K) view, SR bits from each row's group stream."""
+    """MXFP8 of tile (program ids) of the (R, K) view, SR bits from each row's group stream, columns from KL on
+    zeros."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     _, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
-    y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, K, s_r, s_k, BR, BK, RHT)
+    y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, KL, s_r, s_k, BR, BK, RHT)
     mxfp8_encode_store(y, x_ptr, a, b, sr_rows, tl.program_id(1) * BK, K, 1, codes_ptr, scales_ptr, rows,
                        tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
@@ -138,13 +140,15 @@ def seed_arg(seed: int | None) -> int:
 
 def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
                                step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
-                               rht_signs_: torch.Tensor | None = None
+                               rht_signs_: torch.Tensor | None = None, k_padded: int | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(codes, scales, per-group decode scales: E fp32 for NVFP4, else None) of 2D ``x`` quantized along dim 1,
     each row group on its own; laid out as ``quantize_triton`` lays out x's quantization, so group g's codes and
     scales are rows ``offs[g-1]:offs[g]``. ``seed``: the operand's SR seed (None: round to nearest); ``step``:
-    the model's call counter (an int64 device scalar), read on the device."""
-    n_rows, k = x.shape
+    the model's call counter (an int64 device scalar), read on the device. ``k_padded``: quantize x as if
+    zero-padded to that many columns (whole blocks), the zeros made in the kernel."""
+    n_rows, k_loaded = x.shape
+    k = k_padded or k_loaded
     groups = offs.shape[0]
     ep = max(triton.next_power_of_2(groups), 2)
     key = seed_arg(seed)
@@ -153,18 +157,19 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
-        _group_amax_kernel[(cdiv(n_rows, AMAX_R),)](x, mt, offs, amax, n_rows, k, x.stride(0), x.stride(1), groups,
-                                                   EP=ep, BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        _group_amax_kernel[(cdiv(n_rows, AMAX_R),)](x, mt, offs, amax, n_rows, k_loaded, x.stride(0), x.stride(1),
+                                                   groups, EP=ep, BR=AMAX_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
-        _nvfp4_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, amax, s_dec, n_rows, k, x.stride(0),
-                                    x.stride(1), groups, **common)
+        _nvfp4_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, amax, s_dec, n_rows, k, k_loaded,
+                                    x.stride(0), x.stride(1), groups, **common)
         return codes, scales.view(torch.float8_e4m3fn), s_dec
     elem = fmt.elem
     codes = torch.empty(n_rows, k, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8)
-    _mxfp8_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, n_rows, k, x.stride(0), x.stride(1), groups,
+    _mxfp8_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, n_rows, k, k_loaded, x.stride(0), x.stride(1),
+                                groups,
                                 EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
                                 FLOOR=scale_mode == "floor", **common)
     return codes.view(elem.torch_dtype), scales, None
@@ -181,56 +186,57 @@ def _batch_item(x_ptr, seed, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b, SR
 
 @triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "K", "s_k", "RHT", "SR", "TILE2D"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
-def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, s_b,
+def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k, s_b,
                         r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
                         SR: tl.constexpr, TILE2D: tl.constexpr):
-    """NVFP4 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view, under its tensor scales;
-    its tile (0, 0) writes its decode scale to ``ts_ptr[item]``."""
+    """NVFP4 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view (K from KL on zeros), under
+    its tensor scales; its tile (0, 0) writes its decode scale to ``ts_ptr[item]``."""
     item, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b,
                                                            sc_b, SR)
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
-    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, K, s_r, s_k, BR, BK, RHT)
+    y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, KL, s_r, s_k, BR, BK, RHT)
     nvfp4_encode_store(y, amax_ptr, item, ts_ptr + item, pid_r == 0 and pid_k == 0, x_ptr, a, b, rows, pid_k * BK,
                        r_r, r_k, codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
 
 
 @triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
-def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, s_r, s_k, s_b, r_r, r_k, c_b, sc_b,
-                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k, c_b,
+                        sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                         MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                         RHT: tl.constexpr, SR: tl.constexpr):
-    """MXFP8 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view."""
+    """MXFP8 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view (K from KL on zeros)."""
     _, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b,
                                                         SR)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, K, s_r, s_k, BR, BK, RHT)
+    y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, KL, s_r, s_k, BR, BK, RHT)
     mxfp8_encode_store(y, x_ptr, a, b, rows, tl.program_id(1) * BK, r_r, r_k, codes_ptr, scales_ptr, rows,
                        tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
 def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, step: torch.Tensor,
                             tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
-                            rht_signs_: torch.Tensor | None = None, sr_of_transpose: bool = False
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                            rht_signs_: torch.Tensor | None = None, sr_of_transpose: bool = False,
+                            k_padded: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(codes (E, N, ...), scales (E, ...), per-item decode scales: E fp32 for NVFP4, else None) of each item
     x[e] of a 3D (E, K, N) tensor quantized along K (its dim 0) on its own, laid out as ``quantize_triton`` lays
     out x[e]'s quantization; ``seed``, ``step``: as ``quantize_row_groups_triton``'s. ``sr_of_transpose``: SR
     bits keyed on x[e]ᵀ's indices, so each item's codes are those of x[e]ᵀ (N, K) quantized along its rows (an
-    operand stored transposed)."""
-    items, k, n = x.shape
+    operand stored transposed). ``k_padded``: as ``quantize_row_groups_triton``'s, along K."""
+    items, k_loaded, n = x.shape
+    k = k_padded or k_loaded
     key = seed_arg(seed)
     mt = _rht_operand(x, rht, rht_signs_)
     grid = lambda meta: (cdiv(n, meta["BR"]), cdiv(k, meta["BK"]), items)  # noqa: E731
     r_r, r_k = (k, 1) if sr_of_transpose else (1, n)  # SR: x[e]ᵀ's indices, or x[e]'s
-    view = dict(R=n, K=k, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=r_r, r_k=r_k)
+    view = dict(R=n, K=k, KL=k_loaded, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=r_r, r_k=r_k)
     common = dict(RHT=rht, SR=seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(items, device=x.device, dtype=torch.int32)
-        tiles = cdiv(n, AMAX_R) * cdiv(k, BLOCK_K)
-        _amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k, x.stride(2), x.stride(1), x.stride(0),
-                                                         BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        tiles = cdiv(n, AMAX_R) * cdiv(k_loaded, BLOCK_K)
+        _amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k_loaded, x.stride(2), x.stride(1),
+                                                         x.stride(0), BR=AMAX_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(items, n, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty((items, n // 16, k // 16) if tile2d else (items, n, k // 16), device=x.device,
                              dtype=torch.uint8)

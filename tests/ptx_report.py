@@ -156,7 +156,7 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     with up to 256, the expert weight quantizers at their tiles, and both amax passes."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "step_ptr": "*i64", "k1": "i32",
             "codes_ptr": "*u8", "scales_ptr": "*u8"}
-    sizes = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
+    sizes = {"R": "i32", "K": "i32", "KL": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
     nvfp4 = head | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | sizes
     out = []
     for cfg, groups in [(c, 64) for c in qg.NVFP4_CONFIGS] + [(qg.NVFP4_CONFIGS[0], 256)]:
@@ -170,8 +170,8 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
                 {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": False}, {}))
     batch = {"x_ptr": "*bf16", "m_ptr": "*fp32", "step_ptr": "*i64", "k1": "i32", "codes_ptr": "*u8",
              "scales_ptr": "*u8"}
-    strides = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "s_b": "i32", "r_r": "i32", "r_k": "i32",
-               "c_b": "i32", "sc_b": "i32"}
+    strides = {"R": "i32", "K": "i32", "KL": "i32", "s_r": "i32", "s_k": "i32", "s_b": "i32", "r_r": "i32",
+               "r_k": "i32", "c_b": "i32", "sc_b": "i32"}
     for cfg in qg.NVFP4_CONFIGS:  # expert weights (SR, 16x16 tiles for NVFP4), read down their strided K
         tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "RHT": False, "SR": True}
         tag, opts = f"br{tile['BR']}_bk{tile['BK']}", {"num_warps": cfg.num_warps}

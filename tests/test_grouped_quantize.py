@@ -161,6 +161,26 @@ def test_batched_quantizer_of_transposed_items_equals_each_items_rows_alone(monk
         grouped_dispatch.quantize_batches(x, fmt, tile2d=True, sr_of_transpose=True)
 
 
+@pytest.mark.parametrize("fmt,rht", [("nvfp4", True), ("mxfp8", False)])
+def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
+    """``pad_k``: token groups and batch items whose K (40) is not whole blocks quantize as their zero-padded
+    copies do, bit for bit, the zeros made in the kernels (the interpreter) and by a padded copy on the CPU path."""
+    x, w = tokens()[:, :40], torch.randn(3, 40, 48, generator=torch.Generator().manual_seed(1))
+    offs = torch.tensor(ENDS, dtype=torch.int32)
+    opts = dict(rounding="sr", seed=9, step=STEP, rht=rht)
+    pad = -40 % get_format(fmt).block_size
+    padded = (grouped_dispatch.quantize_row_groups(torch.nn.functional.pad(x, (0, pad)), fmt, offs, **opts),
+              grouped_dispatch.quantize_batches(torch.nn.functional.pad(w, (0, 0, 0, pad)), fmt, **opts))
+    for triton_runs in (True, False):
+        monkeypatch.setattr(dispatch, "use_triton", lambda *args, _on=triton_runs: _on)
+        got = (grouped_dispatch.quantize_row_groups(x, fmt, offs, pad_k=True, **opts),
+               grouped_dispatch.quantize_batches(w, fmt, pad_k=True, **opts))
+        for g, want, rows in zip(got, padded, (slice(ENDS[-1]), slice(None))):  # rows past the last offset: unread
+            assert g.shape == want.shape and bits_equal(g.codes[rows], want.codes[rows])
+            assert bits_equal(g.scales[rows], want.scales[rows])
+            assert g.tensor_scales is None or bits_equal(g.tensor_scales, want.tensor_scales)
+
+
 def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fresh_dynamo):
     """A compiled MoE block (nvfp4_nvidia: SR gradients, 16x16 expert tiles) under AUTOPREC_KERNELS=triton takes its
     step tensor into the grouped quantizers and runs its wgrads in one launch each, and its loss and gradients match
