@@ -13,22 +13,31 @@ import pytest
 
 pytest.importorskip("triton")
 
-SCRIPT = r'''
+
+def strided_rows(rows: int, cols: int, stride: int) -> str:
+    """A script's opening: ``x``, a (rows, cols) bf16 view whose rows lie ``stride`` elements apart in one
+    allocation (only the rows touched), filled with random values; the script prints SKIP where it cannot be had."""
+    return f'''
 import torch
+ROWS, K, STRIDE = {rows}, {cols}, {stride}
+try:
+    store = torch.empty(STRIDE * (ROWS - 1) + K, dtype=torch.bfloat16)
+except RuntimeError as e:
+    print(f"SKIP no {2 * (stride * (rows - 1) + cols) / 1e9:.1f} GB allocation here: {{e}}")
+    raise SystemExit
+x = store.as_strided((ROWS, K), (STRIDE, 1))
+x.copy_(torch.randn(ROWS, K, generator=torch.Generator().manual_seed(0)))
+'''
+
+
+# rows 32 and 33 start past 2**31 elements
+SCRIPT = strided_rows(34, 64, 1 << 26) + r'''
 from autoprec.formats import get_format
 from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
 from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
 from autoprec.kernels.quantize_triton import quantize_triton
 from autoprec.kernels.random_bits import StepStream
 
-ROWS, K, STRIDE = 34, 64, 1 << 26  # rows 32 and 33 start past 2**31 elements
-try:
-    store = torch.empty(STRIDE * (ROWS - 1) + K, dtype=torch.bfloat16)  # 4.4 GB of address space
-except RuntimeError as e:
-    print(f"SKIP no 4.4 GB allocation here: {e}")
-    raise SystemExit
-x = store.as_strided((ROWS, K), (STRIDE, 1))
-x.copy_(torch.randn(ROWS, K, generator=torch.Generator().manual_seed(0)))
 dense = x.contiguous()
 offs, step = torch.tensor([12, 12, 34], dtype=torch.int32), torch.tensor(2)
 
@@ -74,18 +83,11 @@ print("OK" if torch.equal(out[:, :BN], acc[:, :BN].bfloat16()) else "MISMATCH")
 '''
 
 
-WGRAD = r'''
-import torch
+# rows 128 and 129 of the (M, T) operand, its second row tile, start past 2**31 elements
+WGRAD = strided_rows(130, 40, 1 << 24) + r'''
 from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
 
-M, T, STRIDE = 130, 40, 1 << 24  # rows 128 and 129 of the (M, T) operand, its second row tile, start past 2**31
-try:
-    store = torch.empty(STRIDE * (M - 1) + T, dtype=torch.bfloat16)  # 4.3 GB of address space
-except RuntimeError as e:
-    print(f"SKIP no 4.3 GB allocation here: {e}")
-    raise SystemExit
-a = store.as_strided((M, T), (STRIDE, 1))
-a.copy_(torch.randn(M, T, generator=torch.Generator().manual_seed(0)))
+a, T = x, K
 b, offs = torch.randn(T, 24, generator=torch.Generator().manual_seed(1)).bfloat16(), torch.tensor([20, 40]).int()
 same = torch.equal(bf16_wgrad(a, b, offs, torch.float32), bf16_wgrad(a.contiguous(), b, offs, torch.float32))
 print("OK" if same else "MISMATCH")
