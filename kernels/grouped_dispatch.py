@@ -60,7 +60,8 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
                                                        step=_device_step(step, x.device), scale_mode=scale_mode,
                                                        rht=rht, rht_signs_=rht_signs, k_padded=kp)
         return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp)))
-    x = torch.nn.functional.pad(x, (0, kp - x.shape[1]))
+    if kp != x.shape[1]:
+        x = torch.nn.functional.pad(x, (0, kp - x.shape[1]))
     bounds, step = group_bounds(offs, x.shape[0]), int(step)
     n_rows, k = x.shape
     codes = x.new_zeros(n_rows, k // 2 if fmt is NVFP4 else k, dtype=torch.uint8)
@@ -103,7 +104,9 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
                                                     scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs,
                                                     sr_of_transpose=sr_of_transpose, k_padded=kp)
         return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp, x.shape[2])), tile_rows)
-    x, step = torch.nn.functional.pad(x, (0, 0, 0, kp - x.shape[1])), int(step)
+    if kp != x.shape[1]:
+        x = torch.nn.functional.pad(x, (0, 0, 0, kp - x.shape[1]))
+    step = int(step)
     items = [dispatch.quantize(x[e].t() if sr_of_transpose else x[e], fmt, 1 if sr_of_transpose else 0,
                                rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
                                scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)

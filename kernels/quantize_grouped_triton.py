@@ -8,6 +8,9 @@ bits from the group's stream ``sr_stream(group_seed(seed, g), step)`` indexed wi
 - Expert weights (``quantize_batches_triton``): each item of a 3D (E, K, N) tensor blocked along K, the grid's
   third axis, read in place through its strides.
 
+Either may quantize its operand as if zero-padded along K to whole blocks (``k_padded``: loads masked at the
+stored K, codes laid out for the padded one), as a group alone is padded, with no padded copy.
+
 An NVFP4 quantization is three launches (zeroing, per-group amaxes, the quantize kernel) and an MXFP8 one is
 one, whatever the number of groups.
 """
@@ -169,9 +172,8 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     codes = torch.empty(n_rows, k, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8)
     _mxfp8_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, n_rows, k, k_loaded, x.stride(0), x.stride(1),
-                                groups,
-                                EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
-                                FLOOR=scale_mode == "floor", **common)
+                                groups, EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax,
+                                MAX=elem.max, FLOOR=scale_mode == "floor", **common)
     return codes.view(elem.torch_dtype), scales, None
 
 

@@ -145,18 +145,18 @@ def test_batched_quantizer_of_transposed_items_equals_each_items_rows_alone(monk
     their (M, K) rows alone would be, SR bits keyed on the rows' indices, bit for bit; the CPU path (one
     quantization per item) makes the same bytes."""
     rows = torch.stack([edge_tensor(48, 64, seed=e) * 1000.0 ** (e - 1) for e in range(3)])  # (3, M=48, K=64)
-    x = rows.transpose(1, 2)  # (3, K, M), unit stride along M
+    x = rows.to(DEVICE).transpose(1, 2)  # (3, K, M), unit stride along M
     got = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
                                             step=STEP, rht=rht, rht_signs=None, sr_of_transpose=True)
     for e in range(3):
         src = rht_ref(rows[e], 1) if rht else rows[e]
         rand = None if seed is None else sr_bits(rows[e].shape, sr_stream(group_seed(seed, e), STEP))
         ref = quantize_ref(src, fmt, 1, rounding="rne" if seed is None else "sr", rand=rand)
-        assert bits_equal(got.codes[e], ref.codes) and bits_equal(got.scales[e], ref.scales), e
+        assert bits_equal(got.codes[e].cpu(), ref.codes) and bits_equal(got.scales[e].cpu(), ref.scales), e
     monkeypatch.setattr(dispatch, "use_triton", lambda *args: False)
     cpu = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
                                             step=STEP, rht=rht, sr_of_transpose=True)
-    assert bits_equal(cpu.codes, got.codes) and bits_equal(cpu.scales, got.scales)
+    assert bits_equal(cpu.codes.cpu(), got.codes.cpu()) and bits_equal(cpu.scales.cpu(), got.scales.cpu())
     with pytest.raises(ValueError, match="tile2d"):
         grouped_dispatch.quantize_batches(x, fmt, tile2d=True, sr_of_transpose=True)
 
@@ -165,8 +165,8 @@ def test_batched_quantizer_of_transposed_items_equals_each_items_rows_alone(monk
 def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
     """``pad_k``: token groups and batch items whose K (40) is not whole blocks quantize as their zero-padded
     copies do, bit for bit, the zeros made in the kernels (the interpreter) and by a padded copy on the CPU path."""
-    x, w = tokens()[:, :40], torch.randn(3, 40, 48, generator=torch.Generator().manual_seed(1))
-    offs = torch.tensor(ENDS, dtype=torch.int32)
+    x, w = tokens()[:, :40].to(DEVICE), torch.randn(3, 40, 48, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    offs = torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
     opts = dict(rounding="sr", seed=9, step=STEP, rht=rht)
     pad = -40 % get_format(fmt).block_size
     padded = (grouped_dispatch.quantize_row_groups(torch.nn.functional.pad(x, (0, pad)), fmt, offs, **opts),
@@ -176,9 +176,9 @@ def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
         got = (grouped_dispatch.quantize_row_groups(x, fmt, offs, pad_k=True, **opts),
                grouped_dispatch.quantize_batches(w, fmt, pad_k=True, **opts))
         for g, want, rows in zip(got, padded, (slice(ENDS[-1]), slice(None))):  # rows past the last offset: unread
-            assert g.shape == want.shape and bits_equal(g.codes[rows], want.codes[rows])
-            assert bits_equal(g.scales[rows], want.scales[rows])
-            assert g.tensor_scales is None or bits_equal(g.tensor_scales, want.tensor_scales)
+            assert g.shape == want.shape and bits_equal(g.codes[rows].cpu(), want.codes[rows].cpu())
+            assert bits_equal(g.scales[rows].cpu(), want.scales[rows].cpu())
+            assert g.tensor_scales is None or bits_equal(g.tensor_scales.cpu(), want.tensor_scales.cpu())
 
 
 def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fresh_dynamo):
