@@ -7,6 +7,7 @@ from helpers import bits_equal, edge_tensor
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
+from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.dispatch import dual_problem
@@ -235,6 +236,21 @@ def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
     _same_bits(rows, _reference_copy(x, fmt, 1, sides[0]))
     _same_bits(cols, _reference_copy(x, fmt, 0, sides[1]))
     assert (rows.axis, cols.axis, rows.shape, cols.shape) == (1, 0, x.shape, x.shape)
+
+
+@pytest.mark.parametrize("config", qd.CONFIGS, ids=lambda c: f"b{c.kwargs['B']}")
+def test_every_dual_tile_matches_reference(monkeypatch, config):
+    """Each tile a GPU may pick for the one-read kernels (the interpreter runs the first alone), tiles overhanging
+    the tensor: both copies of a gradient (SR both ways, RHT and a transposed source on the columnwise one)."""
+    for kernel in (qd._amax2_kernel, qd._nvfp4_dual_kernel, qd._mxfp8_dual_kernel):
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+    sides = (Side(seed=sr_stream(3, 9)), Side(seed=sr_stream(4, 9), rht=True, transposed_source=True))
+    x = edge_tensor(96, 160)
+    for fmt in ("nvfp4", "mxfp8"):
+        rows, cols = quantize_dual_triton(x.to(DEVICE), get_format(fmt), *sides)
+        _same_bits(rows, _reference_copy(x, fmt, 1, sides[0]))
+        _same_bits(cols, _reference_copy(x, fmt, 0, sides[1]))
 
 
 def test_dual_quantizer_names_what_it_cannot_take():
