@@ -9,7 +9,7 @@ from helpers import bits_equal, edge_tensor
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, grouped_dispatch, quantize_ref, rht_ref
+from autoprec.kernels import dispatch, grouped_dispatch, quantize_grouped_triton, quantize_ref, rht_ref
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
@@ -179,6 +179,38 @@ def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
             assert g.shape == want.shape and bits_equal(g.codes[rows].cpu(), want.codes[rows].cpu())
             assert bits_equal(g.scales[rows].cpu(), want.scales[rows].cpu())
             assert g.tensor_scales is None or bits_equal(g.tensor_scales.cpu(), want.tensor_scales.cpu())
+
+
+@pytest.mark.parametrize("config", quantize_grouped_triton.NVFP4_CONFIGS,
+                         ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
+def test_every_grouped_tile_matches_reference(monkeypatch, config):
+    """Each tile a GPU may pick for the token-group and batch quantizers (the interpreter runs the first alone),
+    SR with RHT: token groups against each group alone, and batch items stored transposed whose K (40) the kernel
+    pads, against each item's zero-padded rows alone. On a GPU, MXFP8 only at the tiles it is tuned over."""
+    kernels = [name for name in dir(quantize_grouped_triton) if name.endswith("_kernel")]
+    for name in kernels:
+        kernel = getattr(quantize_grouped_triton, name)
+        if hasattr(kernel, "configs"):
+            monkeypatch.setattr(kernel, "configs", [config])
+            monkeypatch.setattr(kernel, "cache", {})
+    mx_tuned = DEVICE == "cpu" or config in quantize_grouped_triton.MXFP8_CONFIGS
+    x, offs = tokens(), torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
+    items = torch.stack([edge_tensor(48, 64, seed=e)[:, :40] * 1000.0 ** (e - 1) for e in range(3)])  # (E, M, K=40)
+    for fmt in ("nvfp4", "mxfp8") if mx_tuned else ("nvfp4",):
+        got = grouped_dispatch.quantize_row_groups(x.to(DEVICE), fmt, offs, rounding="sr", seed=3, step=STEP, rht=True)
+        start = 0
+        for g, (end, ref) in enumerate(zip(ENDS, reference_groups(x, fmt, 3, rht=True))):
+            if ref is not None:
+                assert bits_equal(got.codes[start:end].cpu(), ref.codes), (fmt, g)
+                assert bits_equal(got.scales[start:end].cpu(), ref.scales), (fmt, g)
+            start = end
+        got = grouped_dispatch.quantize_batches(items.to(DEVICE).transpose(1, 2), fmt, rounding="sr", seed=3,
+                                                step=STEP, rht=True, sr_of_transpose=True, pad_k=True)
+        for e in range(3):
+            padded = torch.nn.functional.pad(items[e], (0, -40 % get_format(fmt).block_size))
+            rand = sr_bits(padded.shape, sr_stream(group_seed(3, e), STEP))
+            ref = quantize_ref(rht_ref(padded, 1), fmt, 1, rounding="sr", rand=rand)
+            assert bits_equal(got.codes[e].cpu(), ref.codes) and bits_equal(got.scales[e].cpu(), ref.scales), (fmt, e)
 
 
 def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fresh_dynamo):
