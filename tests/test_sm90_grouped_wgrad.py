@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, quantize_ref, rht_ref
+from autoprec.kernels import quantize_k_groups_triton as k_groups
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.grouped_mm_triton import grouped_wgrad_decoded, grouped_wgrad_tc_triton
 from autoprec.kernels.operand import Operand
@@ -48,6 +49,25 @@ def reference_groups(x, fmt, axis, seed, rht):
 @pytest.mark.parametrize("axis", [1, 0], ids=["left_MxT", "right_TxN"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
 def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht):
+    check_k_grouped(fmt, axis, seed, rht)
+
+
+@pytest.mark.parametrize("config", k_groups.NVFP4_CONFIGS,
+                         ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
+def test_every_k_grouped_tile_matches_reference(monkeypatch, config):
+    """Each tile a GPU may pick for the K-grouped quantizers (the interpreter runs the first alone): both operands,
+    SR with the RHT; on a GPU, MXFP8 only at the tiles it is tuned over."""
+    for name in ("_nvfp4_k_groups_kernel", "_mxfp8_k_groups_kernel"):
+        monkeypatch.setattr(getattr(k_groups, name), "configs", [config])
+        monkeypatch.setattr(getattr(k_groups, name), "cache", {})
+    for fmt in ("nvfp4", "mxfp8") if DEVICE == "cpu" or config in k_groups.MXFP8_CONFIGS else ("nvfp4",):
+        for axis in (1, 0):
+            check_k_grouped(fmt, axis, 2**31 + 7, True)
+
+
+def check_k_grouped(fmt: str, axis: int, seed: int | None, rht: bool) -> None:
+    """The K-grouped quantization of an edge tensor (groups 1000x apart) equals each group padded and quantized
+    alone, padding zero, its padded ends as expected."""
     x = edge_tensor(M, T) if axis == 1 else edge_tensor(N, T).t().contiguous()  # edge blocks along the tokens
     spread = torch.tensor([1000.0 ** (i % 3 - 1) for i in range(T)])  # groups 1000x apart: own tensor scales
     x = x * (spread[None, :] if axis == 1 else spread[:, None])
