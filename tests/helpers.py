@@ -78,6 +78,14 @@ def stand_in_gpu(monkeypatch, capability: tuple[int, int]) -> None:
     monkeypatch.setattr(dispatch, "triton_problem", lambda device, reason: reason)
 
 
+def force_tile(monkeypatch, kernels, config) -> None:
+    """Make each autotuned Triton kernel of ``kernels`` run ``config`` alone (one config: the autotuner runs it
+    without timing), as a GPU may pick it."""
+    for kernel in kernels:
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+
+
 def record_calls(monkeypatch, module, name: str, calls: list) -> None:
     """Replace ``module.name`` by a wrapper that appends ``(name, args)`` to ``calls``, then runs it."""
     real = getattr(module, name)

@@ -16,7 +16,7 @@ from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
 from gpt_model import TinyGPT, tokens
-from helpers import bits_equal, edge_tensor, to_device
+from helpers import bits_equal, edge_tensor, force_tile, to_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEED = sr_stream(5, 11)
@@ -56,9 +56,7 @@ def test_gpu_every_autotuned_tile_equals_reference(monkeypatch, fmt, config):
     """Each tile the kernel is tuned over, forced in turn (the autotuner picks by speed, and one MXFP8 tile, now
     left out of its list, was wrong on an H200 where the others were exact): rows, columns (strided reads),
     hashed SR with RHT, NVFP4's 16x16 tiles, on bf16 edge data."""
-    kernel = qt._nvfp4_kernel if fmt == "nvfp4" else qt._mxfp8_kernel
-    monkeypatch.setattr(kernel, "configs", [config])
-    monkeypatch.setattr(kernel, "cache", {})
+    force_tile(monkeypatch, (qt._nvfp4_kernel if fmt == "nvfp4" else qt._mxfp8_kernel,), config)
     x = edge_tensor(768, 1536).bfloat16()
     cases = [(1, {}), (0, {}), (0, {"rounding": "sr", "seed": SEED, "rht": True})]
     for axis, opts in cases + ([(1, {"tile2d": True})] if fmt == "nvfp4" else []):

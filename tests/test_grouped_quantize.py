@@ -4,7 +4,7 @@ GEMM, alone and in a compiled MoE block, runs through them."""
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor
+from helpers import bits_equal, edge_tensor, force_tile
 
 triton = pytest.importorskip("triton")
 
@@ -187,12 +187,9 @@ def test_every_grouped_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the token-group and batch quantizers (the interpreter runs the first alone),
     SR with RHT: token groups against each group alone, and batch items stored transposed whose K (40) the kernel
     pads, against each item's zero-padded rows alone. On a GPU, MXFP8 only at the tiles it is tuned over."""
-    kernels = [name for name in dir(quantize_grouped_triton) if name.endswith("_kernel")]
-    for name in kernels:
-        kernel = getattr(quantize_grouped_triton, name)
-        if hasattr(kernel, "configs"):
-            monkeypatch.setattr(kernel, "configs", [config])
-            monkeypatch.setattr(kernel, "cache", {})
+    q = quantize_grouped_triton
+    force_tile(monkeypatch, (q._nvfp4_grouped_kernel, q._mxfp8_grouped_kernel, q._nvfp4_batch_kernel,
+                             q._mxfp8_batch_kernel), config)
     mx_tuned = DEVICE == "cpu" or config in quantize_grouped_triton.MXFP8_CONFIGS
     x, offs = tokens(), torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
     items = torch.stack([edge_tensor(48, 64, seed=e)[:, :40] * 1000.0 ** (e - 1) for e in range(3)])  # (E, M, K=40)

@@ -18,7 +18,7 @@ from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
-from helpers import bits_equal, edge_tensor
+from helpers import bits_equal, edge_tensor, force_tile
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,9 +57,7 @@ def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht
 def test_every_k_grouped_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the K-grouped quantizers (the interpreter runs the first alone): both operands,
     SR with the RHT; on a GPU, MXFP8 only at the tiles it is tuned over."""
-    for name in ("_nvfp4_k_groups_kernel", "_mxfp8_k_groups_kernel"):
-        monkeypatch.setattr(getattr(k_groups, name), "configs", [config])
-        monkeypatch.setattr(getattr(k_groups, name), "cache", {})
+    force_tile(monkeypatch, (k_groups._nvfp4_k_groups_kernel, k_groups._mxfp8_k_groups_kernel), config)
     for fmt in ("nvfp4", "mxfp8") if DEVICE == "cpu" or config in k_groups.MXFP8_CONFIGS else ("nvfp4",):
         for axis in (1, 0):
             check_k_grouped(fmt, axis, 2**31 + 7, True)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor
+from helpers import bits_equal, edge_tensor, force_tile
 
 triton = pytest.importorskip("triton")
 
@@ -49,19 +49,12 @@ def test_quantize_matches_reference(fmt, axis, sr, rht):
     check(edge_tensor(64, 96), fmt, axis, sr, rht)
 
 
-def force_tile(monkeypatch, config) -> None:
-    """Make both quantize kernels run ``config`` (one config: the autotuner runs it without timing)."""
-    for kernel in (qt._nvfp4_kernel, qt._mxfp8_kernel):
-        monkeypatch.setattr(kernel, "configs", [config])
-        monkeypatch.setattr(kernel, "cache", {})
-
-
 @pytest.mark.parametrize("config", qt.CONFIGS, ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
 def test_every_autotuned_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick (the interpreter runs the first alone): partial tiles in both dims (96 x 160),
     rows and columns, hashed SR with RHT, NVFP4's 16x16 tiles. On a GPU, MXFP8 only at the tiles it is tuned
     over (the first was wrong on an H200)."""
-    force_tile(monkeypatch, config)
+    force_tile(monkeypatch, (qt._nvfp4_kernel, qt._mxfp8_kernel), config)
     x = edge_tensor(96, 160)
     for fmt in ("nvfp4", "mxfp8") if DEVICE == "cpu" or config in qt.MXFP8_GPU_CONFIGS else ("nvfp4",):
         for axis in (1, 0):
@@ -242,9 +235,7 @@ def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
 def test_every_dual_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the one-read kernels (the interpreter runs the first alone), tiles overhanging
     the tensor: both copies of a gradient (SR both ways, RHT and a transposed source on the columnwise one)."""
-    for kernel in (qd._amax2_kernel, qd._nvfp4_dual_kernel, qd._mxfp8_dual_kernel):
-        monkeypatch.setattr(kernel, "configs", [config])
-        monkeypatch.setattr(kernel, "cache", {})
+    force_tile(monkeypatch, (qd._amax2_kernel, qd._nvfp4_dual_kernel, qd._mxfp8_dual_kernel), config)
     sides = (Side(seed=sr_stream(3, 9)), Side(seed=sr_stream(4, 9), rht=True, transposed_source=True))
     x = edge_tensor(96, 160)
     for fmt in ("nvfp4", "mxfp8"):
