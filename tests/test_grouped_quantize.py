@@ -145,7 +145,7 @@ def test_batched_quantizer_of_transposed_items_equals_each_items_rows_alone(monk
     their (M, K) rows alone would be, SR bits keyed on the rows' indices, bit for bit; the CPU path (one
     quantization per item) makes the same bytes."""
     rows = torch.stack([edge_tensor(48, 64, seed=e) * 1000.0 ** (e - 1) for e in range(3)])  # (3, M=48, K=64)
-    x = rows.to(DEVICE).transpose(1, 2)  # (3, K, M), unit stride along M
+    x = rows.transpose(1, 2).contiguous().to(DEVICE)  # (3, K, M) as stored, unit stride along M
     got = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
                                             step=STEP, rht=rht, rht_signs=None, sr_of_transpose=True)
     for e in range(3):
@@ -201,8 +201,9 @@ def test_every_grouped_tile_matches_reference(monkeypatch, config):
                 assert bits_equal(got.codes[start:end].cpu(), ref.codes), (fmt, g)
                 assert bits_equal(got.scales[start:end].cpu(), ref.scales), (fmt, g)
             start = end
-        got = grouped_dispatch.quantize_batches(items.to(DEVICE).transpose(1, 2), fmt, rounding="sr", seed=3,
-                                                step=STEP, rht=True, sr_of_transpose=True, pad_k=True)
+        stored = items.transpose(1, 2).contiguous().to(DEVICE)  # (E, K, M): unit stride along M, K read strided
+        got = grouped_dispatch.quantize_batches(stored, fmt, rounding="sr", seed=3, step=STEP, rht=True,
+                                                sr_of_transpose=True, pad_k=True)
         for e in range(3):
             padded = torch.nn.functional.pad(items[e], (0, -40 % get_format(fmt).block_size))
             rand = sr_bits(padded.shape, sr_stream(group_seed(3, e), STEP))
