@@ -11,7 +11,8 @@ decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the dec
 at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
 torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside
 rows forced to one GEMM per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves
-undefined); bmm rows time a planned batched product (attention scores, 64 items) against torch's bf16 bmm;
+undefined; into fp32, Triton's one-launch kernels); bmm rows time a planned batched product (attention scores,
+64 items) against torch's bf16 bmm;
 grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each against one
 quantization per group. The step is one forward+backward of a
 ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
@@ -178,7 +179,8 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
     """An experts fprop (2d x 3d) and wgrad (2d x 2d), tokens split evenly, bf16 out, in autoprec's grouped op
     (quantization included) against torch's bf16 grouped GEMM; each row names the path (``native_grouped`` on
     sm_100, else ``decoded_grouped``: one Triton launch), and the ``per group`` rows force one quantization
-    (wgrad) and one dense GEMM per group for comparison."""
+    (wgrad) and one dense GEMM per group for comparison. The bf16 product into fp32, which torch's grouped GEMM
+    does not write, runs Triton's one-launch bf16 kernels."""
     from unittest import mock
 
     import torch.nn.functional as F
@@ -202,13 +204,17 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
             print(f"{'bf16 F.grouped_mm':<28}  failed: {str(e).splitlines()[0][:80]}")
             continue
         row("bf16 F.grouped_mm", lambda a=a, b=b: F.grouped_mm(a, b, offs=offs), flops, ms_bf16, peak)
-        for fmt in ("bf16", "nvfp4", "mxfp8"):  # autoprec's bf16 product, then the quantized ones
+        # autoprec's bf16 product (into fp32 too: Triton's one-launch kernels, the wgrad's reading its operands in
+        # place), then the quantized ones
+        for fmt, out in (("bf16", torch.bfloat16), ("bf16", torch.float32), ("nvfp4", torch.bfloat16),
+                         ("mxfp8", torch.bfloat16)):
             route = grouped_route(a.device, layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), len(offs), False,
-                                  torch.bfloat16)
+                                  out)
             note = f"{route.kind} {route.path or ''}".strip() + (f" ({route.why})" if route.why else "")
-            run = lambda a=a, b=b, f=fmt: grouped_mm(a, b, offs, f, out_dtype=torch.bfloat16)  # noqa: E731
+            run = lambda a=a, b=b, f=fmt, o=out: grouped_mm(a, b, offs, f, out_dtype=o)  # noqa: E731
             per_group = mock.patch.object(grouped_dispatch, "grouped_gemm_path", lambda *_: ("per_group", "forced"))
-            cases = [("bf16, autoprec", contextlib.nullcontext(), note)] if fmt == "bf16" else [
+            bf16_name = "bf16, autoprec" + (" -> fp32" if out == torch.float32 else "")
+            cases = [(bf16_name, contextlib.nullcontext(), note)] if fmt == "bf16" else [
                 (f"{fmt} + quantize", contextlib.nullcontext(), note),
                 (f"{fmt} + quantize, per group", per_group, "per_group (forced)")]
             for name, ctx, note in cases:
