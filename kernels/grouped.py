@@ -26,9 +26,9 @@ is not whole blocks is zero-padded by the quantizers, as each group alone pads i
 expert weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the
 device), then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
 on the device), else by one Triton launch for every group that reads the offsets on the device
-(``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped
-quantization per operand on a GPU (``quantize_k_groups_triton``: each group zero-padded on the device to a multiple
-of 128 tokens), then one native grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read
+(``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped quantization per operand on a GPU
+(``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native
+grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read
 nothing on the host. Other products (a 2d x 2d product with 16x16 tiles, the CPU) quantize group by group with the
 bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
 runs is one decision, ``grouped_route``'s, which also says whether it reads the host.

@@ -51,7 +51,7 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
     zeros made in the kernel where Triton runs, a padded copy elsewhere)."""
     if x.ndim != 2:
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
-    kp = _padded(x.shape[1], fmt, pad_k)
+    kp = whole_blocks(x.shape[1], get_format(fmt)) if pad_k else x.shape[1]
     fmt = check_quantize_args(x.new_empty(x.shape[0], kp, device="meta"), fmt, 1, rounding, False, scale_mode)
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
@@ -93,7 +93,7 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
         raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
     if sr_of_transpose and tile2d:
         raise ValueError("quantize_batches: sr_of_transpose quantizes rows, which take no 16x16 tiles (tile2d)")
-    kp = _padded(x.shape[1], fmt, pad_k)
+    kp = whole_blocks(x.shape[1], get_format(fmt)) if pad_k else x.shape[1]
     fmt = check_quantize_args(x.new_empty(kp, x.shape[2], device="meta"), fmt, 0, rounding, tile2d, scale_mode)
     tile_rows = 16 if tile2d else 1
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
@@ -116,9 +116,9 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
                            x.shape, tile_rows)
 
 
-def _padded(k: int, fmt: str | Format, pad: bool) -> int:
-    """``k``, or with ``pad`` rounded up to whole blocks of ``fmt``."""
-    return k + (-k % get_format(fmt).block_size if pad else 0)
+def whole_blocks(k: int, fmt: Format) -> int:
+    """``k`` rounded up to whole blocks of ``fmt``: the reduction the quantizers pad to (``pad_k``)."""
+    return k + -k % fmt.block_size
 
 
 def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor:

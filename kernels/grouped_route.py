@@ -90,7 +90,7 @@ def _quantized_route(device: torch.device, capability: tuple[int, int] | None, l
         return GroupedRoute("per_group", None, why, why)
     quantizers = next(filter(None, (dispatch.quantize_dtype_problem(d) for d in dtypes)), None)
     if layout == "2d3d":
-        k = a_shape[1] + -a_shape[1] % fmt.block_size  # a reduction that is not whole blocks is zero-padded
+        k = grouped_dispatch.whole_blocks(a_shape[1], fmt)  # a reduction that is not whole blocks is zero-padded
         quantizers = dispatch.triton_problem(device, quantizers)
         tile_rows = 16 if tile2d_b else 1
         a, b = Operand(fmt, None, None, None, ANY_TOKENS, k), Operand(fmt, None, None, None, b_shape[2], k, tile_rows)
