@@ -61,13 +61,19 @@ def test_grouped_quantizer_equals_each_group_alone(fmt, seed, rht):
     offs = torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
     step = torch.tensor(STEP, device=DEVICE)
     codes, scales, ts = quantize_row_groups_triton(x.to(DEVICE), get_format(fmt), offs, seed=seed, step=step, rht=rht)
+    assert_each_group_alone(codes, scales, ts, x, fmt, seed, rht)
+
+
+def assert_each_group_alone(codes, scales, ts, x, fmt, seed, rht) -> None:
+    """Each group of ``ENDS`` in the grouped quantization (codes, scales, tensor scales) holds the bytes of
+    quantizing it alone (``reference_groups``); an empty group's tensor scale is 1."""
     start = 0
     for g, (end, ref) in enumerate(zip(ENDS, reference_groups(x, fmt, seed, rht))):
         if ref is not None:
-            assert bits_equal(codes[start:end].cpu(), ref.codes), f"group {g} codes"
-            assert bits_equal(scales[start:end].cpu(), ref.scales), f"group {g} scales"
+            assert bits_equal(codes[start:end].cpu(), ref.codes), f"{fmt} group {g} codes"
+            assert bits_equal(scales[start:end].cpu(), ref.scales), f"{fmt} group {g} scales"
             if ts is not None:
-                assert bits_equal(ts[g].cpu(), ref.tensor_scale), f"group {g} tensor scale"
+                assert bits_equal(ts[g].cpu(), ref.tensor_scale), f"{fmt} group {g} tensor scale"
         elif ts is not None:
             assert ts[g].item() == 1.0  # an empty group's amax is 0: S_enc = S_dec = 1
         start = end
@@ -195,12 +201,7 @@ def test_every_grouped_tile_matches_reference(monkeypatch, config):
     items = torch.stack([edge_tensor(48, 64, seed=e)[:, :40] * 1000.0 ** (e - 1) for e in range(3)])  # (E, M, K=40)
     for fmt in ("nvfp4", "mxfp8") if mx_tuned else ("nvfp4",):
         got = grouped_dispatch.quantize_row_groups(x.to(DEVICE), fmt, offs, rounding="sr", seed=3, step=STEP, rht=True)
-        start = 0
-        for g, (end, ref) in enumerate(zip(ENDS, reference_groups(x, fmt, 3, rht=True))):
-            if ref is not None:
-                assert bits_equal(got.codes[start:end].cpu(), ref.codes), (fmt, g)
-                assert bits_equal(got.scales[start:end].cpu(), ref.scales), (fmt, g)
-            start = end
+        assert_each_group_alone(got.codes, got.scales, got.tensor_scales, x, fmt, 3, True)
         stored = items.transpose(1, 2).contiguous().to(DEVICE)  # (E, K, M): unit stride along M, K read strided
         got = grouped_dispatch.quantize_batches(stored, fmt, rounding="sr", seed=3, step=STEP, rht=True,
                                                 sr_of_transpose=True, pad_k=True)
