@@ -6,6 +6,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from test_bad_offsets import BAD
+
 from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on a CPU
@@ -37,9 +39,6 @@ def test_wgrad_reads_operands_in_place_and_equals_each_groups_product(a_major, b
     assert not got[0].any() and not got[2].any()
     tol = 2**-7 if out_dtype == BF16 else 1e-5
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
-
-
-BAD = {"past the tokens": [40, 40, 250], "decreasing": [60, 20, 100], "negative": [-200, 30, 90]}
 
 
 @pytest.mark.parametrize("ends", list(BAD.values()), ids=list(BAD))
