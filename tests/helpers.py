@@ -78,6 +78,11 @@ def stand_in_gpu(monkeypatch, capability: tuple[int, int]) -> None:
     monkeypatch.setattr(dispatch, "triton_problem", lambda device, reason: reason)
 
 
+def tile_id(config) -> str:
+    """A quantizer tile config's test id: rows x columns, warps."""
+    return f"{config.kwargs['BR']}x{config.kwargs['BK']}w{config.num_warps}"
+
+
 def force_tile(monkeypatch, kernels, config) -> None:
     """Make each autotuned Triton kernel of ``kernels`` run ``config`` alone (one config: the autotuner runs it
     without timing), as a GPU may pick it."""

@@ -16,7 +16,7 @@ from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
 from gpt_model import TinyGPT, tokens
-from helpers import bits_equal, edge_tensor, force_tile, to_device
+from helpers import bits_equal, edge_tensor, force_tile, tile_id, to_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEED = sr_stream(5, 11)
@@ -51,7 +51,7 @@ TILE_CASES = [("nvfp4", c) for c in qt.CONFIGS] + [("mxfp8", c) for c in qt.MXFP
 
 
 @pytest.mark.parametrize("fmt,config", TILE_CASES,
-                         ids=[f"{f}-{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}" for f, c in TILE_CASES])
+                         ids=[f"{f}-{tile_id(c)}" for f, c in TILE_CASES])
 def test_gpu_every_autotuned_tile_equals_reference(monkeypatch, fmt, config):
     """Each tile the kernel is tuned over, forced in turn (the autotuner picks by speed, and one MXFP8 tile, now
     left out of its list, was wrong on an H200 where the others were exact): rows, columns (strided reads),

@@ -4,7 +4,7 @@ GEMM, alone and in a compiled MoE block, runs through them."""
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor, force_tile
+from helpers import bits_equal, edge_tensor, force_tile, tile_id
 
 triton = pytest.importorskip("triton")
 
@@ -187,8 +187,7 @@ def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
             assert g.tensor_scales is None or bits_equal(g.tensor_scales.cpu(), want.tensor_scales.cpu())
 
 
-@pytest.mark.parametrize("config", quantize_grouped_triton.NVFP4_CONFIGS,
-                         ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
+@pytest.mark.parametrize("config", quantize_grouped_triton.NVFP4_CONFIGS, ids=tile_id)
 def test_every_grouped_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the token-group and batch quantizers (the interpreter runs the first alone),
     SR with RHT: token groups against each group alone, and batch items stored transposed whose K (40) the kernel

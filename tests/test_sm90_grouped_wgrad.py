@@ -18,7 +18,7 @@ from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
-from helpers import bits_equal, edge_tensor, force_tile
+from helpers import bits_equal, edge_tensor, force_tile, tile_id
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,8 +52,7 @@ def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht
     check_k_grouped(fmt, axis, seed, rht)
 
 
-@pytest.mark.parametrize("config", k_groups.NVFP4_CONFIGS,
-                         ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
+@pytest.mark.parametrize("config", k_groups.NVFP4_CONFIGS, ids=tile_id)
 def test_every_k_grouped_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the K-grouped quantizers (the interpreter runs the first alone): both operands,
     SR with the RHT; on a GPU, MXFP8 only at the tiles it is tuned over."""

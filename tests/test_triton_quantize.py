@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor, force_tile
+from helpers import bits_equal, edge_tensor, force_tile, tile_id
 
 triton = pytest.importorskip("triton")
 
@@ -49,7 +49,7 @@ def test_quantize_matches_reference(fmt, axis, sr, rht):
     check(edge_tensor(64, 96), fmt, axis, sr, rht)
 
 
-@pytest.mark.parametrize("config", qt.CONFIGS, ids=lambda c: f"{c.kwargs['BR']}x{c.kwargs['BK']}w{c.num_warps}")
+@pytest.mark.parametrize("config", qt.CONFIGS, ids=tile_id)
 def test_every_autotuned_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick (the interpreter runs the first alone): partial tiles in both dims (96 x 160),
     rows and columns, hashed SR with RHT, NVFP4's 16x16 tiles. On a GPU, MXFP8 only at the tiles it is tuned
