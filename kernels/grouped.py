@@ -21,17 +21,16 @@ GPUs with bf16 tensor cores, an fp32 output) Triton's one-launch bf16 kernels (`
 group, or per batch item for 3d x 3d.
 
 A 2d x 3d product runs through ``grouped_dispatch`` (so does a 3d x 3d one, its batch items' rows taken as equal
-token groups, their ends made on the device, items stored transposed quantized where they lie; a reduction that
-is not whole blocks is zero-padded by the quantizers, as each group alone pads it): its token groups and
-expert weights are quantized together (one Triton quantization of every group on a GPU, the offsets read on the
-device), then multiplied by one native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out
-on the device), else by one Triton launch for every group that reads the offsets on the device
-(``grouped_mm_triton``). A 2d x 2d product (wgrad) is one K-grouped quantization per operand on a GPU
-(``quantize_k_groups_triton``: each group zero-padded on the device to a multiple of 128 tokens), then one native
-grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto mode, these read
-nothing on the host. Other products (a 2d x 2d product with 16x16 tiles, the CPU) quantize group by group with the
-bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these
-runs is one decision, ``grouped_route``'s, which also says whether it reads the host.
+token groups, each item quantized where it lies, however it is stored; a reduction that is not whole blocks is
+zero-padded by the quantizers, as each group alone pads it): its token groups and expert weights are quantized
+together (one Triton quantization of every group on a GPU, the offsets read on the device), then multiplied by one
+native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out on the device), else by one Triton
+launch for every group that reads the offsets on the device (``grouped_mm_triton``). A 2d x 2d product (wgrad) is
+one K-grouped quantization per operand on a GPU (``quantize_k_groups_triton``: each group zero-padded on the device
+to a multiple of 128 tokens), then one native grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto
+mode, these read nothing on the host. Other products (a 2d x 2d product with 16x16 tiles, the CPU) quantize group
+by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these runs is one
+decision, ``grouped_route``'s, which also says whether it reads the host.
 
 Offsets out of order or out of range raise on the host paths (``group_bounds``). The device paths never read them
 on the host: for such offsets their values are undefined, but no kernel reads or writes outside its tensors.
@@ -119,15 +118,10 @@ def grouped_mm(
     if route.kind == "experts":
         # a reduction that is not whole blocks zero-padded in the quantizers, as each group alone pads it
         quantize = dict(fmt=fmt, step=step, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, pad_k=True)
-        if layout == "3d3d" and _items_transposed(a):
-            qa = _transposed_items(a, rounding_a, seeds[0], quantize)  # read where they lie, no copy
+        if layout == "3d3d":
+            qa = _item_rows(a, rounding_a, seeds[0], quantize)
         else:
-            rows, row_ends = a, offs
-            if layout == "3d3d":  # the batch's items as equal token groups, their ends made on the device
-                rows, size = a.reshape(-1, a.shape[-1]), a.shape[1]
-                row_ends = torch.arange(size, rows.shape[0] + 1, size, device=a.device, dtype=torch.int32)
-            qa = grouped_dispatch.quantize_row_groups(rows, offs=row_ends, rounding=rounding_a, seed=seeds[0],
-                                                      **quantize)
+            qa = grouped_dispatch.quantize_row_groups(a, offs=offs, rounding=rounding_a, seed=seeds[0], **quantize)
         qb = grouped_dispatch.quantize_batches(b, rounding=rounding_b, seed=seeds[1], tile2d=tile2d_b, **quantize)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path).view(shape)
     if route.kind == "wgrad":
@@ -163,15 +157,10 @@ def grouped_mm(
     return out
 
 
-def _items_transposed(a: torch.Tensor) -> bool:
-    """Whether a 3d x 3d product's (E, M, K) items are stored transposed (unit stride along M, e.g. a wgrad's aᵀ):
-    the batch quantizer reads them where they lie, where the token rows would be a copy."""
-    return a.stride(1) == 1 and a.stride(2) != 1
-
-
-def _transposed_items(a: torch.Tensor, rounding: str, seed: int, quantize: dict) -> QuantizedGroups:
-    """Transposed (E, M, K) items (``_items_transposed``) quantized along K as the equal token groups of their
-    (E·M, K) rows, bit for bit: each item as its (K, M) transpose, SR bits keyed on the item's own indices."""
+def _item_rows(a: torch.Tensor, rounding: str, seed: int, quantize: dict) -> QuantizedGroups:
+    """A 3d x 3d product's (E, M, K) items quantized along K as the equal token groups of their (E·M, K) rows, bit
+    for bit, by the batch quantizer, which reads each item where it lies (stored transposed too, as a wgrad's aᵀ
+    is): each item as its (K, M) transpose, SR bits keyed on the item's own indices."""
     (items, m, _), q = a.shape, grouped_dispatch.quantize_batches(a.transpose(1, 2), rounding=rounding, seed=seed,
                                                                   sr_of_transpose=True, **quantize)
     return QuantizedGroups(q.fmt, q.codes.reshape(items * m, -1), q.scales.reshape(items * m, -1), q.tensor_scales,

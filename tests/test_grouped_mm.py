@@ -100,9 +100,10 @@ def test_batched_layout_bit_exact(fmt, ra, rb, tile2d, rht, k):
 
 @pytest.mark.parametrize("k", [64, 40], ids=["k64", "k40-padded"])
 def test_operands_are_quantized_where_they_lie(monkeypatch, k):
-    """On the experts route the quantizers read the operands as stored, token rows, expert weights and items
-    stored transposed (a 3d x 3d wgrad's aᵀ), with no copy first, a reduction that is not whole blocks padded in
-    the kernels (the bytes: ``test_fprop_layout_bit_exact``, ``test_batched_layout_bit_exact``)."""
+    """On the experts route the quantizers read the operands as stored, token rows, expert weights and a batch's
+    items, row-major or stored transposed (a 3d x 3d wgrad's aᵀ), with no copy first, a reduction that is not
+    whole blocks padded in the kernels (the bytes: ``test_fprop_layout_bit_exact``,
+    ``test_batched_layout_bit_exact``)."""
     pytest.importorskip("triton")
     from autoprec.kernels import grouped_dispatch
 
@@ -113,10 +114,12 @@ def test_operands_are_quantized_where_they_lie(monkeypatch, k):
             (_n, x.data_ptr(), kwargs.get("sr_of_transpose", False))) or _f(x, *args, **kwargs))
     tokens, w = data(T, k), data(5, k, 32, seed=1)
     grouped_mm(tokens, w, OFFS, "nvfp4", rounding_a="sr", step=3)
-    stored, items = data(4, k, 8), data(4, k, 32, seed=1)
+    stored, rows, items = data(4, k, 8), data(4, 8, k), data(4, k, 32, seed=1)
     grouped_mm(stored.transpose(1, 2), items, None, "nvfp4", rounding_a="sr", step=3)
+    grouped_mm(rows, items, None, "nvfp4", rounding_a="sr", step=3)
     assert seen == [("quantize_row_groups", tokens.data_ptr(), False), ("quantize_batches", w.data_ptr(), False),
-                    ("quantize_batches", stored.data_ptr(), True), ("quantize_batches", items.data_ptr(), False)]
+                    ("quantize_batches", stored.data_ptr(), True), ("quantize_batches", items.data_ptr(), False),
+                    ("quantize_batches", rows.data_ptr(), True), ("quantize_batches", items.data_ptr(), False)]
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
