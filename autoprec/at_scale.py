@@ -13,8 +13,12 @@ are compute-bound and each format runs at its measured speedup over BF16, quanti
   BF16; without the quantization ("pre-quantized") NVFP4 3.55x.
   https://nvidia.github.io/TransformerEngine/features/low_precision_training/speedups.html
 - Efficiency against the peak ratios (15 / 5 / 2.5 PFLOPS): NVFP4 2.03 / 6 = 0.34, MXFP8 1.44 / 2 = 0.72.
-  No figure is published for B200 here: it takes the B300 ratios. H100 has no FP4 tensor cores (NVFP4 at
-  BF16 speed) and its FP8 takes the Blackwell MXFP8 efficiency times the 2x peak ratio.
+  No figure is published for B200 here: it takes the B300 ratios.
+- H100/H200 (``h100``): autoprec's own sm_90 GEMMs (operands decoded to bf16, cuBLAS), measured on an H200 at
+  8192^3 against torch's bf16 GEMM (benchmarks/results/h200_2026-12-04.txt, run 2): NVFP4 with the
+  quantization of both operands 0.47x; MXFP8 0.70x, its decoded GEMM (1.844 ms) plus the run-1 times of its
+  row and column quantizations of 8192^2 (0.152, 0.303 ms) against 1.601 ms. Slower than BF16: on Hopper
+  autoprec saves memory, not time, and a plan says so.
 """
 from __future__ import annotations
 
@@ -24,8 +28,11 @@ from dataclasses import dataclass
 from autoprec.cost import Hardware
 
 TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03}  # measured with quantization (source above)
-MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 1.0}}
-SOURCE = "TE's measured B300 speedups with quantization: MXFP8 1.44x, NVFP4 2.03x"
+H200 = {"bf16": 1.0, "mxfp8": 0.70, "nvfp4": 0.47}  # autoprec's sm_90 path, quantization included (above)
+MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": H200}
+_TE = "TE's measured B300 speedups with quantization: MXFP8 1.44x, NVFP4 2.03x"
+SOURCES = {"gb300": _TE, "b200": _TE,
+           "h100": "autoprec's sm_90 GEMMs measured on an H200 with quantization: MXFP8 0.70x, NVFP4 0.47x"}
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ A GEMM takes the roofline time ``max(FLOPs / peak(format), bytes / bandwidth)``,
 operands in their format and a BF16 output. Quantizing an operand is assumed fused into the kernel that
 produces it (as Transformer Engine fuses casts into norms and activations): its extra traffic is writing
 the codes and scales. Small GEMMs are memory-bound, so low precision helps them less than FLOP ratios say.
+Where autoprec decodes block formats to bf16 in memory first (Hopper), the GEMM reads bf16 operands and
+the decoding adds a read of the codes and a write of the bf16 copy: slower than BF16 at every shape.
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ from autoprec.formats import closest, get_format
 
 @dataclass(frozen=True)
 class Hardware:
-    """Dense tensor throughput per format (PFLOP/s) and memory bandwidth (TB/s)."""
+    """Dense tensor throughput per format (PFLOP/s) of the GEMMs autoprec runs there, and memory bandwidth
+    (TB/s). On Blackwell those are the block-scaled tensor cores' peaks; on Hopper autoprec decodes NVFP4 and
+    MXFP8 operands to bf16 for BF16 tensor cores (no FP4 MMA; the FP8 one accumulates below fp32 precision,
+    and an FP8 dot per 32-wide block ran at 0.10x BF16), so every format runs at BF16's peak there."""
 
     name: str
     nvfp4_pflops: float
@@ -22,6 +27,7 @@ class Hardware:
     bf16_pflops: float
     hbm_tbs: float
     note: str = ""
+    decodes: bool = False  # block formats decoded to bf16 in memory before a BF16 GEMM
 
     def pflops(self, fmt: str) -> float:
         return {"nvfp4": self.nvfp4_pflops, "mxfp8": self.mxfp8_pflops, "mxfp8_e5m2": self.mxfp8_pflops,
@@ -31,7 +37,8 @@ class Hardware:
 HARDWARE = {
     "gb300": Hardware("gb300", 15.0, 5.0, 2.5, 8.0, "Blackwell Ultra dense figures"),
     "b200": Hardware("b200", 9.0, 4.5, 2.25, 8.0, "Blackwell dense figures"),
-    "h100": Hardware("h100", 0.99, 1.98, 0.99, 3.35, "no FP4 tensor cores: NVFP4 runs at BF16 speed"),
+    "h100": Hardware("h100", 0.99, 0.99, 0.99, 3.35,
+                     "H100/H200: operands decoded to bf16 for BF16 tensor cores: no format beats BF16", True),
 }
 
 
@@ -42,10 +49,14 @@ def get_hardware(name: str) -> Hardware:
 
 
 def gemm_seconds(flops: float, operand_elems: float, out_elems: float, fmt: str, hw: Hardware) -> float:
-    """Projected time of one GEMM in ``fmt``: roofline of math and operand + output bytes, plus the
-    quantization's write of codes and scales for block formats."""
+    """Projected time of one GEMM in ``fmt``: roofline of math and the bytes it reads and writes, plus for block
+    formats the quantization's write of codes and scales (and, where ``hw.decodes``, the decoding's read of
+    them and write of bf16 operands)."""
     f = get_format(fmt)
-    operand_bytes = operand_elems * f.bits_per_value / 8
+    stored = operand_elems * f.bits_per_value / 8
+    decoded = hw.decodes and f.quantized
+    read = operand_elems * 2.0 if decoded else stored
     bandwidth = hw.hbm_tbs * 1e12
-    roofline = max(flops / (hw.pflops(fmt) * 1e15), (operand_bytes + out_elems * 2.0) / bandwidth)
-    return roofline + (operand_bytes / bandwidth if f.quantized else 0.0)
+    roofline = max(flops / (hw.pflops(fmt) * 1e15), (read + out_elems * 2.0) / bandwidth)
+    extra = (stored + (stored + read if decoded else 0.0)) if f.quantized else 0.0
+    return roofline + extra / bandwidth

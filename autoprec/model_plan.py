@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from autoprec.at_scale import SOURCE, ReferenceShapes
+from autoprec.at_scale import SOURCES, ReferenceShapes
 from autoprec.options import CompileOptions
 from autoprec.passes.assign import Assigner
 from autoprec.passes.calibrate import Calibration
@@ -273,7 +273,7 @@ class ModelPlan:
         with the graphs it runs in, and the schedule."""
         hardware = self.opts.hardware
         phase = self.phase if phase is None else phase
-        reference = f"{ReferenceShapes(**self.opts.reference_shapes).describe()}; {SOURCE}"
+        reference = f"{ReferenceShapes(**self.opts.reference_shapes).describe()}; {SOURCES[hardware]}"
         if not 0 <= phase <= len(self.opts.schedule):
             raise ValueError(f"autoprec.plan: phase {phase} does not exist; the schedule has phases "
                              f"0..{len(self.opts.schedule)}")

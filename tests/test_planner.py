@@ -1,6 +1,7 @@
 """The planner: calibration scores, the budgeted solver, presets, overrides, plan files, RL matching."""
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -109,6 +110,18 @@ def test_target_speedup_mode():
 def test_target_speedup_out_of_reach():
     with pytest.raises(Exception, match="target_speedup=50 is out of reach; at most"):
         train_steps(model(), target_speedup=50)
+
+
+def test_hopper_plans_say_low_precision_is_slower_there():
+    """On hardware="h100" autoprec's GEMMs are decoded bf16 ones: auto keeps BF16 for speed, a target above 1x is
+    out of reach, and a fixed recipe's plan projects a slowdown, at scale by the rates measured on an H200."""
+    plan = autoprec.plan(train_steps(model(), hardware="h100", cost="at_scale")[0])
+    assert {d.fmt for d in plan.decisions} == {"bf16"}
+    with pytest.raises(Exception, match=r"target_speedup=1.1 is out of reach; at most 1.00x"):
+        train_steps(model(), hardware="h100", target_speedup=1.1)
+    text = autoprec.plan(train_steps(model(), recipe="mxfp8", hardware="h100")[0]).summary()
+    assert "on h100: 0." in text and "autoprec's sm_90 GEMMs measured on an H200" in text
+    assert re.search(r"at scale: 0\.70x", text)
 
 
 def test_annotate_and_glob_overrides_win():
@@ -256,9 +269,11 @@ def test_cost_model():
     big = (2 * 8192**3, 2 * 8192**2, 8192**2)  # compute-bound
     ratio = gemm_seconds(*big, "bf16", gb300) / gemm_seconds(*big, "nvfp4", gb300)
     assert 5.0 < ratio < 6.0  # 15 / 2.5 PFLOPS, less the quantization's writes
-    assert gemm_seconds(*big, "nvfp4", h100) >= gemm_seconds(*big, "bf16", h100)  # no FP4 tensor cores
+    for fmt in ("nvfp4", "mxfp8"):  # decoded to bf16 for BF16 tensor cores on Hopper: never faster
+        assert gemm_seconds(*big, fmt, h100) >= gemm_seconds(*big, "bf16", h100)
     small = (2 * 64**3, 2 * 64**2, 64**2)  # memory-bound: only the bytes shrink
     assert 1.0 < gemm_seconds(*small, "bf16", gb300) / gemm_seconds(*small, "nvfp4", gb300) < 6.0
+    assert gemm_seconds(*small, "nvfp4", h100) > gemm_seconds(*small, "bf16", h100)  # decoding adds bytes
 
 
 def test_plan_follows_the_live_compilation():
