@@ -25,6 +25,7 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 
+from autoprec.cost import device_note
 from autoprec.model_plan import ModelPlan, find_root, frame_prefix, plan_for
 from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
@@ -59,6 +60,11 @@ class _Variant:
         root = find_root(params)
         self.state: ModelPlan = plan_for(root, self.opts)
         self.state.attach(self)
+        device = owner.step_device
+        if device.type == "cuda":
+            note = device_note(self.opts.hardware, torch.cuda.get_device_capability(device),
+                               torch.cuda.get_device_name(device))
+            self.state.device_notes.update([note] if note else [])
         aliases: dict[int, list[str]] = {}  # tied parameters have several names
         for n, p in (root.named_parameters(remove_duplicate=False) if root is not None else ()):
             aliases.setdefault(id(p), []).append(n)

@@ -42,6 +42,22 @@ HARDWARE = {
 }
 
 
+# the table that describes autoprec's kernels on each CUDA compute capability (sm_100: B200 / GB200; sm_103:
+# B300 / GB300; sm_90: H100 / H200)
+TABLE_OF_CAPABILITY = {(9, 0): "h100", (10, 0): "b200", (10, 3): "gb300"}
+
+
+def device_note(hardware: str, capability: tuple[int, int], name: str) -> str | None:
+    """What a plan costed for ``hardware`` says when it runs on the GPU ``name`` of ``capability``: nothing where
+    its table is that GPU's, else which table is (or that none describes the GPU)."""
+    table = TABLE_OF_CAPABILITY.get(tuple(capability))
+    if table == hardware:
+        return None
+    other = f"hardware={table!r} costs it for this GPU" if table else "no cost table describes this GPU's kernels"
+    return (f"running on {name} (sm_{capability[0]}{capability[1]}): the projected speedups are for "
+            f"hardware={hardware!r}; {other}")
+
+
 def get_hardware(name: str) -> Hardware:
     if name not in HARDWARE:
         raise ValueError(f"unknown hardware {name!r}; valid: {closest(name, list(HARDWARE))}")

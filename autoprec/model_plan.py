@@ -121,6 +121,7 @@ class ModelPlan:
         self.saved_bytes: dict[str, int] = {}
         self.pass_seconds: dict[str, float] = {}
         self.failures: list[str] = []
+        self.device_notes: set[str] = set()  # GPUs the graphs run on that the cost table does not describe
         self.deviations: dict[GemmKey, list[str]] = {}  # graphs where a GEMM's shape forced another format
         self.param_names: set[str] = set()  # root-relative names of the parameters the graphs received
         self.weight_names: set[str] = set()  # ... and of those that feed planned GEMMs
@@ -282,6 +283,7 @@ class ModelPlan:
                 for k, d in ((k, self.phase_decision(k, phase)) for k in self.decisions)]
         rows.sort(key=lambda d: d.site)
         notes = [f"a compiled graph ran as traced, without autoprec's formats: {f}" for f in self.failures]
+        notes += sorted(self.device_notes)
         if self.opts.mode is not None:
             notes.append(f"torch.compile mode={self.opts.mode!r}: inner compiler inductor with that mode's settings")
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware, reference=reference,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.cost import HARDWARE, gemm_seconds
+from autoprec.cost import HARDWARE, device_note, gemm_seconds
 from autoprec.model_plan import STATES, plans_of
 from autoprec.options import parse_options
 from autoprec.passes import candidates as C
@@ -122,6 +122,17 @@ def test_hopper_plans_say_low_precision_is_slower_there():
     text = autoprec.plan(train_steps(model(), recipe="mxfp8", hardware="h100")[0]).summary()
     assert "on h100: 0." in text and "autoprec's sm_90 GEMMs measured on an H200" in text
     assert re.search(r"at scale: 0\.70x", text)
+
+
+def test_a_plan_says_when_its_cost_table_is_not_the_gpus():
+    """Noted in the plan of graphs that run on CUDA (tests/test_gpu_cuda.py checks it there)."""
+    assert device_note("h100", (9, 0), "NVIDIA H200") is None
+    note = device_note("gb300", (9, 0), "NVIDIA H200")
+    assert note == ("running on NVIDIA H200 (sm_90): the projected speedups are for hardware='gb300'; "
+                    "hardware='h100' costs it for this GPU")
+    assert device_note("gb300", (10, 3), "NVIDIA B300") is None
+    assert "hardware='b200' costs it" in device_note("gb300", (10, 0), "NVIDIA B200")
+    assert "no cost table describes this GPU's kernels" in device_note("h100", (12, 0), "NVIDIA RTX PRO 6000")
 
 
 def test_annotate_and_glob_overrides_win():
