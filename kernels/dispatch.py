@@ -123,9 +123,9 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     not take) they are two quantizations."""
     fmt = get_format(fmt)
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
-    # On an H200 the one-read kernel's columnwise copy of a gradient pair (SR on both copies, RHT on the
-    # transposed one, bf16 input with edge blocks) differed from the reference while each copy quantized alone
-    # was exact (tests/test_gpu_cuda.py), so a GPU runs the two single quantizers until that is understood.
+    # A GPU runs the two single quantizers until the one-read kernel is checked there: on an H200 its gradient
+    # pair failed a test that compared the copies' fields too, which the kernel then set otherwise than two
+    # quantizations do (since mended); tests/test_gpu_cuda.py checks its bytes and fields pair by pair.
     if use_triton(x.device, problem) and x.device.type != "cuda":
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 

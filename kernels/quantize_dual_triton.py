@@ -83,13 +83,15 @@ def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
 
 def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
                          rht_signs_: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
-    """The rowwise (axis 1) and columnwise (axis 0) quantizations of 2D ``x`` from one read of it (checked
-    by ``dual_problem``)."""
+    """The rowwise (blocks along dim 1) and columnwise (along dim 0) quantizations of 2D ``x`` from one read of
+    it (checked by ``dual_problem``), each as ``quantize`` returns its copy's source's (x or x.t())."""
     n_rows, k = x.shape
     m = _rht_operand(x, rows.rht or cols.rht, rht_signs_)
 
-    # SR index strides of each copy's (rows, K) view, in row-major indices of its source (x or x.t())
-    ia, ib = (_index_strides(src.shape, axis) for src, axis in (rows.source(x, 1), cols.source(x, 0)))
+    # each copy is the quantization of its source (x or x.t()) along an axis: its SR bits index that source
+    # (the index strides of its (rows, K) view), and it is returned as ``quantize`` returns that quantization
+    sources = [rows.source(x, 1), cols.source(x, 0)]
+    ia, ib = (_index_strides(src.shape, axis) for src, axis in sources)
     # hashed with keys given on the host (a StepStream's step is read here: this kernel runs only in the interpreter)
     keys = tuple(kernel_keys(None if c.seed is None else int(c.seed)) for c in (rows, cols))
     grid = lambda meta: (cdiv(n_rows, meta["B"]), cdiv(k, meta["B"]))  # noqa: E731
@@ -106,8 +108,8 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
         _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
                                  *keys[0], codes[0], scales[0], amax[0:], s_dec[0], *ia,
                                  *keys[1], codes[1], scales[1], amax[1:], s_dec[1], *ib, **sides)
-        return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d, axis, x.shape, 1)
-                     for c, s, d, axis in zip(codes, scales, s_dec, (1, 0)))
+        return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d, axis, src.shape, 1)
+                     for c, s, d, (src, axis) in zip(codes, scales, s_dec, sources))
     elem = fmt.elem
     codes = [torch.empty(n_rows, k, device=x.device, dtype=torch.uint8),
              torch.empty(k, n_rows, device=x.device, dtype=torch.uint8)]
@@ -116,5 +118,5 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     _mxfp8_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1), *keys[0], codes[0], scales[0], *ia,
                              *keys[1], codes[1], scales[1], *ib, EBITS=elem.ebits, MBITS=elem.mbits,
                              BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **sides)
-    return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, x.shape)
-                 for c, s, axis in zip(codes, scales, (1, 0)))
+    return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, src.shape)
+                 for c, s, (src, axis) in zip(codes, scales, sources))
