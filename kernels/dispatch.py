@@ -125,7 +125,7 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
     # A GPU runs the two single quantizers until the one-read kernel is checked there: on an H200 its gradient
     # pair failed a test that compared the copies' fields too, which the kernel then set otherwise than two
-    # quantizations do (since mended); tests/test_gpu_cuda.py checks its bytes and fields pair by pair.
+    # quantizations do (since mended); tests/test_gpu_quantize.py checks its bytes and fields pair by pair.
     if use_triton(x.device, problem) and x.device.type != "cuda":
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 

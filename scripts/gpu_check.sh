@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One pass on a CUDA machine whose python3 already has torch and triton (no network needed): the machine,
-# the GPU tests (tests/test_gpu_cuda.py and the Triton kernel tests, which run on CUDA where there is one),
-# then benchmarks/kernels_gpu.py. Each stage has its own time limit, so one that fails or runs long leaves
+# the GPU tests (tests/test_gpu_quantize.py, tests/test_gpu_cuda.py and the Triton kernel tests, which run on
+# CUDA where there is one), then benchmarks/kernels_gpu.py. Each stage has its own time limit, so one that fails or runs long leaves
 # the others' numbers. Logs go to $OUT (default ./gpu_out).
 #   bash scripts/gpu_check.sh            LAYERS=8 TEST_S=240 TRITON_TEST_S=120 BENCH_S=150 STEP_S=300 to size the
 #                                        stages (about 780 s in all with these: a lent GPU has 900, one
@@ -40,7 +40,7 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 pytest_gpu=(python3 -m pytest -p no:cacheprovider -o addopts="" -q -rf -m "not slow" $xdist)
 # the CUDA-only tests first (every tile forced, the paths dispatch picks, compiled steps), then the Triton
 # kernel tests on the GPU (the interpreter already checks their numerics on a CPU)
-TAIL=25 stage tests "${TEST_S:-240}" "${pytest_gpu[@]}" tests/test_gpu_cuda.py
+TAIL=25 stage tests "${TEST_S:-240}" "${pytest_gpu[@]}" tests/test_gpu_quantize.py tests/test_gpu_cuda.py
 TAIL=15 stage triton_tests "${TRITON_TEST_S:-120}" "${pytest_gpu[@]}" tests/test_triton_quantize.py \
     tests/test_triton_scaled_mm.py tests/test_grouped_quantize.py tests/test_sm90_grouped_gemm.py \
     tests/test_sm90_grouped_wgrad.py tests/test_wgrad_bf16_triton.py
