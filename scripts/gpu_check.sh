@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One pass on a CUDA machine whose python3 already has torch and triton (no network needed): the machine,
 # the GPU tests (tests/test_gpu_quantize.py, tests/test_gpu_cuda.py and the Triton kernel tests, which run on
-# CUDA where there is one), then benchmarks/kernels_gpu.py. Each stage has its own time limit, so one that fails or runs long leaves
-# the others' numbers. Logs go to $OUT (default ./gpu_out).
+# CUDA where there is one), then benchmarks/kernels_gpu.py. Each stage has its own time limit, so one that
+# fails or runs long leaves the others' numbers. Logs go to $OUT (default ./gpu_out).
 #   bash scripts/gpu_check.sh            LAYERS=8 TEST_S=240 TRITON_TEST_S=120 BENCH_S=150 STEP_S=300 to size the
 #                                        stages (about 780 s in all with these: a lent GPU has 900, one
 #                                        command at most 600), STAGES="tests triton_tests" then
