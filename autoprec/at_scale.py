@@ -17,7 +17,9 @@ are compute-bound and each format runs at its measured speedup over BF16, quanti
 - H100/H200 (``h100``): autoprec's own sm_90 GEMMs (operands decoded to bf16, cuBLAS), measured on an H200 at
   8192^3 against torch's bf16 GEMM (benchmarks/results/h200_2026-12-04.txt, run 2): NVFP4 with the
   quantization of both operands 0.47x; MXFP8 0.70x, its decoded GEMM (1.844 ms) plus the run-1 times of its
-  row and column quantizations of 8192^2 (0.152, 0.303 ms) against 1.601 ms. Slower than BF16: on Hopper
+  row and column quantizations of 8192^2 (0.152, 0.303 ms) against 1.601 ms. That MXFP8 GEMM had cuBLAS write
+  bf16 itself, which autoprec does only with torch's allow_bf16_reduced_precision_reduction off; otherwise it
+  takes NVFP4's fp32-output path (not timed for MXFP8), so expect less. Slower than BF16 either way: on Hopper
   autoprec saves memory, not time, and a plan says so.
 """
 from __future__ import annotations
