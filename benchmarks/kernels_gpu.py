@@ -4,7 +4,8 @@
                                      [--no-step | --step-only] [--profile] [--graphs]
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
-scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies from one read.
+scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies as dispatch
+makes them (two quantizations on a GPU for now), "one read" rows from one read by the one-read kernel.
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
 the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
 decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
@@ -53,9 +54,11 @@ def main() -> None:
         return
     import triton.testing
 
+    from autoprec.formats import get_format
     from autoprec.kernels import quantize
     from autoprec.kernels import quantize_triton as qt
     from autoprec.kernels.dispatch import quantize_dual
+    from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
     from autoprec.kernels.quantized import QuantCopy
     from autoprec.kernels.random_bits import sr_stream
 
@@ -81,12 +84,14 @@ def main() -> None:
     ]
     timed = [(name, lambda kw=kw: [quantize(x, **kw)]) for name, kw in cases]
     timed += [(name, lambda f=f, r=r, c=c: quantize_dual(x, f, r, c)) for name, f, r, c in duals]
+    timed += [(name.replace("both", "one read"), lambda f=f, r=r, c=c: quantize_dual_triton(x, get_format(f), r, c))
+              for name, f, r, c in duals]
     for name, fn in timed:
         written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())
         ms = triton.testing.do_bench(fn)
         gbs = (x.nbytes + written) / ms / 1e6
         kernel = qt._nvfp4_kernel if name.startswith("nvfp4") else qt._mxfp8_kernel
-        tile = kernel.best_config if "both" not in name else None  # the last tuned call's: this case's
+        tile = kernel.best_config if "both" not in name and "one read" not in name else None  # this case's
         chosen = f"  {tile.kwargs['BR']}x{tile.kwargs['BK']}/{tile.num_warps}" if tile is not None else ""
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%{chosen}")
 
