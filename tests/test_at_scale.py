@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.at_scale import TE_B300, AtScale, ReferenceShapes
-from autoprec.cost import get_hardware
+from autoprec.at_scale import MEASURED, SOURCES, TE_B300, AtScale, ReferenceShapes
+from autoprec.cost import HARDWARE, get_hardware
 from autoprec.model_plan import plans_of
 from autoprec.options import parse_options
 
@@ -28,6 +28,13 @@ def test_uniform_plans_project_the_measured_rates(recipe):
     plan = autoprec.plan(planned({"recipe": recipe}))
     assert plan.projected_speedup(at_scale=True) == pytest.approx(TE_B300[recipe])
     assert "at scale: " in plan.summary() and "d_model 4096, ffn 16384, 15872 tokens" in plan.summary()
+
+
+def test_every_cost_table_has_measured_rates_and_names_them():
+    assert set(MEASURED) == set(SOURCES) == set(HARDWARE)
+    for name, rates in MEASURED.items():
+        assert set(rates) == {"bf16", "mxfp8", "nvfp4"} and rates["bf16"] == 1.0
+        assert all(f"{fmt.upper()} {rate:.2f}x" in SOURCES[name] for fmt, rate in rates.items() if fmt != "bf16")
 
 
 def test_traced_widths_map_onto_the_reference_model():
