@@ -19,9 +19,11 @@ SEED = sr_stream(5, 11)
 
 
 def same(got, want) -> bool:
+    """The same bytes (codes, scales, NVFP4's tensor scale) and the same quantization: axis and shape."""
     got = to_device(got, "cpu")
     fields = ("codes", "scales") + (("tensor_scale",) if want.tensor_scale is not None else ())
-    return all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields) and got.shape == want.shape
+    return (all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields)
+            and (got.axis, got.shape) == (want.axis, want.shape))
 
 
 def gpu_and_ref(monkeypatch, fn, x):
