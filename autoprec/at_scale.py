@@ -32,9 +32,11 @@ from autoprec.cost import Hardware
 TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03}  # measured with quantization (source above)
 H200 = {"bf16": 1.0, "mxfp8": 0.70, "nvfp4": 0.47}  # autoprec's sm_90 path, quantization included (above)
 MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": H200}
-_TE = "TE's measured B300 speedups with quantization: MXFP8 1.44x, NVFP4 2.03x"
-SOURCES = {"gb300": _TE, "b200": _TE,
-           "h100": "autoprec's sm_90 GEMMs measured on an H200 with quantization: MXFP8 0.70x, NVFP4 0.47x"}
+_MEASURED_BY = {"gb300": "TE's measured B300 speedups", "b200": "TE's measured B300 speedups",
+                "h100": "autoprec's sm_90 GEMMs measured on an H200"}
+# the plan's at-scale line: who measured each table's rates, and the rates
+SOURCES = {hw: f"{by} with quantization: MXFP8 {MEASURED[hw]['mxfp8']:.2f}x, NVFP4 {MEASURED[hw]['nvfp4']:.2f}x"
+           for hw, by in _MEASURED_BY.items()}
 
 
 @dataclass(frozen=True)
