@@ -199,14 +199,6 @@ def test_custom_rht_signs():
     assert_same(quantize_triton(x.to(DEVICE), get_format("nvfp4"), 1, rht=True, rht_signs_=signs), ref)
 
 
-def _same_bits(q, r):
-    """The same bytes, and the same quantization of the same source (its axis and shape)."""
-    assert (q.axis, q.shape) == (r.axis, r.shape)
-    assert bits_equal(q.codes.cpu(), r.codes) and bits_equal(q.scales.cpu(), r.scales)
-    if r.tensor_scale is not None:
-        assert bits_equal(q.tensor_scale.cpu(), r.tensor_scale)
-
-
 def _reference_copy(x, fmt, axis, side: Side):
     """One copy as the reference makes it: blocked along ``axis`` of x, quantized as x or (transposed_source)
     as x.t()."""
@@ -228,8 +220,8 @@ def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
     """One kernel, both copies: each byte for byte the reference's, on tiles that overhang the tensor."""
     x = edge_tensor(*shape)
     rows, cols = quantize_dual_triton(x.to(DEVICE), get_format(fmt), *sides)
-    _same_bits(rows, _reference_copy(x, fmt, 1, sides[0]))
-    _same_bits(cols, _reference_copy(x, fmt, 0, sides[1]))
+    assert_same(rows, _reference_copy(x, fmt, 1, sides[0]))
+    assert_same(cols, _reference_copy(x, fmt, 0, sides[1]))
 
 
 @pytest.mark.parametrize("config", qd.CONFIGS, ids=tile_id)
@@ -241,8 +233,8 @@ def test_every_dual_tile_matches_reference(monkeypatch, config):
     x = edge_tensor(96, 160)
     for fmt in ("nvfp4", "mxfp8"):
         rows, cols = quantize_dual_triton(x.to(DEVICE), get_format(fmt), *sides)
-        _same_bits(rows, _reference_copy(x, fmt, 1, sides[0]))
-        _same_bits(cols, _reference_copy(x, fmt, 0, sides[1]))
+        assert_same(rows, _reference_copy(x, fmt, 1, sides[0]))
+        assert_same(cols, _reference_copy(x, fmt, 0, sides[1]))
 
 
 def test_dual_quantizer_names_what_it_cannot_take():
