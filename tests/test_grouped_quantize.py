@@ -154,10 +154,8 @@ def test_batched_quantizer_of_transposed_items_equals_each_items_rows_alone(monk
     x = rows.transpose(1, 2).contiguous().to(DEVICE)  # (3, K, M) as stored, unit stride along M
     got = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
                                             step=STEP, rht=rht, rht_signs=None, sr_of_transpose=True)
-    for e in range(3):
-        src = rht_ref(rows[e], 1) if rht else rows[e]
-        rand = None if seed is None else sr_bits(rows[e].shape, sr_stream(group_seed(seed, e), STEP))
-        ref = quantize_ref(src, fmt, 1, rounding="rne" if seed is None else "sr", rand=rand)
+    refs = reference_groups(rows.reshape(-1, 64), fmt, seed, rht, ends=[48, 96, 144])  # each item's rows alone
+    for e, ref in enumerate(refs):
         assert bits_equal(got.codes[e].cpu(), ref.codes) and bits_equal(got.scales[e].cpu(), ref.scales), e
     monkeypatch.setattr(dispatch, "use_triton", lambda *args: False)
     cpu = grouped_dispatch.quantize_batches(x, fmt, rounding="rne" if seed is None else "sr", seed=seed or 0,
@@ -204,10 +202,9 @@ def test_every_grouped_tile_matches_reference(monkeypatch, config):
         stored = items.transpose(1, 2).contiguous().to(DEVICE)  # (E, K, M): unit stride along M, K read strided
         got = grouped_dispatch.quantize_batches(stored, fmt, rounding="sr", seed=3, step=STEP, rht=True,
                                                 sr_of_transpose=True, pad_k=True)
-        for e in range(3):
-            padded = torch.nn.functional.pad(items[e], (0, -40 % get_format(fmt).block_size))
-            rand = sr_bits(padded.shape, sr_stream(group_seed(3, e), STEP))
-            ref = quantize_ref(rht_ref(padded, 1), fmt, 1, rounding="sr", rand=rand)
+        padded = torch.nn.functional.pad(items, (0, -40 % get_format(fmt).block_size))  # each item's rows, padded
+        refs = reference_groups(padded.reshape(-1, padded.shape[-1]), fmt, 3, True, ends=[48, 96, 144])
+        for e, ref in enumerate(refs):
             assert bits_equal(got.codes[e].cpu(), ref.codes) and bits_equal(got.scales[e].cpu(), ref.scales), (fmt, e)
 
 
