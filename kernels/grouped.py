@@ -143,11 +143,11 @@ def grouped_mm(
                 wide = torch.promote_types(ag.dtype, out_dtype)
                 out[slot] = torch.mm(ag.to(wide), bg.to(wide))
         return out
-    block = get_format(fmt).block_size
     step = int(step)  # the per-group quantizations' SR streams, made on the host
     quantized = []
     for g, slot, ag, bg in groups:
-        ag, bg = _pad_reduction(ag, bg, block)
+        k = grouped_dispatch.whole_blocks(ag.shape[1], get_format(fmt))  # each group's reduction, to whole blocks
+        ag, bg = grouped_dispatch.zero_padded(ag, 1, k), grouped_dispatch.zero_padded(bg, 0, k)
         qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
         quantized.append((g, slot, qa, qb))
@@ -165,15 +165,6 @@ def _item_rows(a: torch.Tensor, rounding: str, seed: int, quantize: dict) -> Qua
                                                                   sr_of_transpose=True, **quantize)
     return QuantizedGroups(q.fmt, q.codes.reshape(items * m, -1), q.scales.reshape(items * m, -1), q.tensor_scales,
                            torch.Size((items * m, q.shape[1])))
-
-
-def _pad_reduction(a: torch.Tensor, b: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero-pad the reduction dim (a's columns, b's rows, of one group or of every expert at once) to a whole
-    number of blocks."""
-    pad = -a.shape[1] % block
-    if not pad:
-        return a, b
-    return torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, 0, 0, pad))
 
 
 def _quantize(x, fmt, axis, rounding, seed, step, tile2d, scale_mode, rht, rht_signs):

@@ -60,8 +60,7 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
                                                        step=_device_step(step, x.device), scale_mode=scale_mode,
                                                        rht=rht, rht_signs_=rht_signs, k_padded=kp)
         return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp)))
-    if kp != x.shape[1]:
-        x = torch.nn.functional.pad(x, (0, kp - x.shape[1]))
+    x = zero_padded(x, 1, kp)
     bounds, step = group_bounds(offs, x.shape[0]), int(step)
     n_rows, k = x.shape
     codes = x.new_zeros(n_rows, k // 2 if fmt is NVFP4 else k, dtype=torch.uint8)
@@ -104,8 +103,7 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
                                                     scale_mode=scale_mode, rht=rht, rht_signs_=rht_signs,
                                                     sr_of_transpose=sr_of_transpose, k_padded=kp)
         return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp, x.shape[2])), tile_rows)
-    if kp != x.shape[1]:
-        x = torch.nn.functional.pad(x, (0, 0, 0, kp - x.shape[1]))
+    x = zero_padded(x, 1, kp)
     step = int(step)
     items = [dispatch.quantize(x[e].t() if sr_of_transpose else x[e], fmt, 1 if sr_of_transpose else 0,
                                rounding=rounding, seed=sr_stream(group_seed(seed, e), step), tile2d=tile2d,
@@ -119,6 +117,12 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
 def whole_blocks(k: int, fmt: Format) -> int:
     """``k`` rounded up to whole blocks of ``fmt``: the reduction the quantizers pad to (``pad_k``)."""
     return k + -k % fmt.block_size
+
+
+def zero_padded(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``x`` zero-padded along ``dim`` to ``size`` (a copy), or ``x`` itself where it has that size already."""
+    pad = size - x.shape[dim]
+    return torch.nn.functional.pad(x, (0, 0) * (x.ndim - 1 - dim) + (0, pad)) if pad else x
 
 
 def _device_step(step: torch.Tensor | int, device: torch.device) -> torch.Tensor:
