@@ -1,7 +1,7 @@
 """GPU throughput of the Triton kernels and of a planned training step.
 
     python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24]
-                                     [--no-step | --step-only] [--profile] [--graphs]
+                                     [--no-step | --step-only] [--profile] [--graphs] [--dry-run]
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies as dispatch
@@ -21,17 +21,69 @@ nvfp4, mxfp8 and auto plans (inner inductor); --graphs adds the bf16 and nvfp4 s
 mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py measures).
 The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize
 >= 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
-Without a CUDA GPU it exits with a message.
+Without a CUDA GPU it exits with a message, unless --dry-run: every section then runs once on the CPU at tiny
+shapes, its Triton kernels in the interpreter (AUTOPREC_KERNELS=triton: matmuls take the in-register GEMM, so the
+rows only the decoded path has are left out), which checks the script's calls before a GPU session spends its
+time on them; its numbers time nothing.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+
+@dataclass(frozen=True)
+class Rig:
+    """Where the sections run and at what sizes: the GPU's (the defaults), or a dry run's tiny CPU ones."""
+    device: str = "cuda"
+    dry: bool = False
+    matmul_shapes: tuple[tuple[int, int, int], ...] = ((4096, 4096, 4096), (8192, 8192, 2048))
+    experts: int = 8  # the grouped sections: experts, tokens (split evenly), K and N
+    tokens: int = 16384
+    width: int = 2048
+    bmm: tuple[int, int, int, int] = (64, 2048, 2048, 128)  # batch, M, N, K
+    gpt: tuple[int, int, int, int, int] = (1024, 16, 1024, 8, 50304)  # d, heads, ctx, batch, vocab
+
+    def capability(self) -> tuple[int, int]:
+        """The GPU's compute capability; a dry run's stands for an sm_90 GPU."""
+        return (9, 0) if self.dry else torch.cuda.get_device_capability()
+
+    def bench(self, fn) -> float:
+        """Milliseconds per call of ``fn`` (Triton's ``do_bench``); a dry run calls it once and times that."""
+        if self.dry:
+            began = time.perf_counter()
+            fn()
+            return max((time.perf_counter() - began) * 1e3, 1e-6)
+        import triton.testing
+
+        return triton.testing.do_bench(fn)
+
+    def sync(self) -> None:
+        if not self.dry:
+            torch.cuda.synchronize()
+
+    def per_step_ms(self, step) -> float:
+        """Milliseconds per call of ``step`` over 5 calls, by CUDA events (a dry run: one call, wall clock)."""
+        if self.dry:
+            return self.bench(step)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 5
+
+
+DRY = Rig(device="cpu", dry=True, matmul_shapes=((64, 64, 128), (128, 64, 64)), experts=4, tokens=256, width=64,
+          bmm=(4, 64, 64, 32), gpt=(64, 4, 32, 2, 256))
 
 
 def main() -> None:
@@ -46,14 +98,21 @@ def main() -> None:
     parser.add_argument("--step-only", action="store_true", help="only the training-step comparison")
     parser.add_argument("--graphs", action="store_true",
                         help="also time the bf16 and nvfp4 steps under mode='reduce-overhead' (CUDA graphs)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="every section once on the CPU at tiny shapes: checks the script, times nothing")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (the CPU interpreter is for tests only)")
+    if args.dry_run:  # before anything imports Triton
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.environ["AUTOPREC_KERNELS"] = "triton"  # the Triton kernels a GPU runs, not the CPU's C ones
+        rig, n = DRY, 128
+        print("dry run on the CPU: tiny shapes, Triton's interpreter; the numbers below time nothing")
+    elif not torch.cuda.is_available():
+        sys.exit("kernels_gpu.py needs a CUDA GPU; none is visible here (--dry-run checks the script on a CPU)")
+    else:
+        rig, n = Rig(), args.size
     if args.step_only:
-        training_step(args.layers, args.profile, args.graphs)
+        training_step(rig, args.layers, args.profile, args.graphs)
         return
-    import triton.testing
-
     from autoprec.formats import get_format
     from autoprec.kernels import quantize
     from autoprec.kernels import quantize_triton as qt
@@ -62,9 +121,8 @@ def main() -> None:
     from autoprec.kernels.quantized import QuantCopy
     from autoprec.kernels.random_bits import sr_stream
 
-    n = args.size
-    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    print(f"{torch.cuda.get_device_name()}  x: {n}x{n} bf16")
+    x = torch.randn(n, n, device=rig.device, dtype=torch.bfloat16)
+    print(f"{'CPU' if rig.dry else torch.cuda.get_device_name()}  x: {n}x{n} bf16")
     print(f"{'quantize':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}  tile (BRxBK/warps) the autotuner chose")
     seed = sr_stream(1, 1)
     cases = [
@@ -88,60 +146,59 @@ def main() -> None:
               for name, f, r, c in duals]
     for name, fn in timed:
         written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())
-        ms = triton.testing.do_bench(fn)
+        ms = rig.bench(fn)
         gbs = (x.nbytes + written) / ms / 1e6
         kernel = qt._nvfp4_kernel if name.startswith("nvfp4") else qt._mxfp8_kernel
         tile = kernel.best_config if "both" not in name and "one read" not in name else None  # this case's
         chosen = f"  {tile.kwargs['BR']}x{tile.kwargs['BK']}/{tile.num_warps}" if tile is not None else ""
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%{chosen}")
 
-    for m, nn_, k in [(4096, 4096, 4096), (8192, 8192, 2048), (n, n, n)]:
-        matmuls(m, nn_, k, args.bf16_tflops)
+    for m, nn_, k in rig.matmul_shapes + ((n, n, n),):
+        matmuls(rig, m, nn_, k, args.bf16_tflops)
     if args.sweep:
-        sweep(8192, 8192, 2048, args.bf16_tflops)
-    grouped(args.bf16_tflops)
-    batched(args.bf16_tflops)
-    grouped_quantize(args.hbm_tbs)
+        sweep(rig, *rig.matmul_shapes[1], args.bf16_tflops)
+    grouped(rig, args.bf16_tflops)
+    batched(rig, args.bf16_tflops)
+    grouped_quantize(rig, args.hbm_tbs)
     if not args.no_step:
-        training_step(args.layers, args.profile, args.graphs)
+        training_step(rig, args.layers, args.profile, args.graphs)
 
 
-def matmuls(m: int, n: int, k: int, peak: float) -> None:
+def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     """TFLOP/s of the planned block-scaled matmuls against torch's bf16 matmul at one shape."""
-    import triton.testing
-
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.dispatch import gemm_path
     from autoprec.kernels.operand import as_operand
     from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
+    w = torch.randn(k, n, device=rig.device, dtype=torch.bfloat16)
     flops = 2 * m * n * k
-    ms_bf16 = triton.testing.do_bench(lambda: x @ w)
+    ms_bf16 = rig.bench(lambda: x @ w)
     print(f"\n{f'matmul {m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
     print(f"{'torch bf16':<28}{ms_bf16:>9.3f}{flops / ms_bf16 / 1e9:>9.0f}{1.0:>8.2f}"
           f"{100 * flops / ms_bf16 / 1e9 / peak:>7.0f}%")
-    capability = torch.cuda.get_device_capability()
+    capability = rig.capability()
     for fmt in ("nvfp4", "mxfp8", "bf16"):
         a = x if fmt == "bf16" else quantize(x, fmt, 1)
         b = w if fmt == "bf16" else quantize(w, fmt, 0)
         path, _ = gemm_path(capability, as_operand(a, 1, "a"), as_operand(b, 0, "b"))
-        row(f"autoprec {fmt} ({path})", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+        row(rig, f"autoprec {fmt} ({path})", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
         if fmt != "bf16":  # with both operands' quantization, as a step runs it (TE's "with quantization")
-            row("  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
+            row(rig, "  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
                                                         out_dtype=torch.bfloat16), flops, ms_bf16, peak)
         if fmt == "mxfp8" and path == "decoded":  # cuBLAS writes bf16 itself once bf16 split-K sums are off
             matmul = torch.backends.cuda.matmul
             allowed = matmul.allow_bf16_reduced_precision_reduction
             matmul.allow_bf16_reduced_precision_reduction = False
             try:
-                row("  no bf16 split-K sums", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+                row(rig, "  no bf16 split-K sums", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16,
+                    peak)
             finally:
                 matmul.allow_bf16_reduced_precision_reduction = allowed
         if fmt != "bf16" and path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
             oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
-            row("  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
+            row(rig, "  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
                 peak)
 
 
@@ -149,38 +206,34 @@ SWEEP = [(128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 
          (128, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 4)]
 
 
-def sweep(m: int, n: int, k: int, peak: float) -> None:
+def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     """The tensor-core GEMM at each (BM, BN, BK, warps, stages) of SWEEP; the first is the one it runs."""
-    import triton.testing
-
     from autoprec.kernels import quantize
     from autoprec.kernels.operand import as_operand
     from autoprec.kernels.scaled_mm_triton import DOT_BF16, launch
 
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    ms_bf16 = triton.testing.do_bench(lambda: x @ w)
+    x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
+    w = torch.randn(k, n, device=rig.device, dtype=torch.bfloat16)
+    ms_bf16 = rig.bench(lambda: x @ w)
     print(f"\n{f'tile sweep {m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
     for fmt in ("nvfp4", "mxfp8"):
         oa, ob = as_operand(quantize(x, fmt, 1), 1, "a"), as_operand(quantize(w, fmt, 0), 0, "b")
         for bm, bn, bk, warps, stages in SWEEP:
             name = f"{fmt} {bm}x{bn}x{bk} w{warps} s{stages}"
             try:
-                row(name, lambda: launch((bm, bn, bk), oa, ob, None, torch.bfloat16, DOT_BF16, num_warps=warps,
+                row(rig, name, lambda: launch((bm, bn, bk), oa, ob, None, torch.bfloat16, DOT_BF16, num_warps=warps,
                                          num_stages=stages), 2 * m * n * k, ms_bf16, peak)
             except Exception as e:  # a tile that does not fit (shared memory, registers) is reported
                 print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
-def row(name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") -> None:
-    import triton.testing
-
-    ms = triton.testing.do_bench(fn)
+def row(rig: Rig, name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") -> None:
+    ms = rig.bench(fn)
     tf = flops / ms / 1e9
     print(f"{name:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%{note}")
 
 
-def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
+def grouped(rig: Rig, peak: float) -> None:
     """An experts fprop (2d x 3d) and wgrad (2d x 2d), tokens split evenly, bf16 out, in autoprec's grouped op
     (quantization included) against torch's bf16 grouped GEMM; each row names the path (``native_grouped`` on
     sm_100, else ``decoded_grouped``: one Triton launch), and the ``per group`` rows force one quantization
@@ -189,26 +242,26 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
     from unittest import mock
 
     import torch.nn.functional as F
-    import triton.testing
 
     from autoprec.kernels import grouped_dispatch
     from autoprec.kernels.grouped import grouped_mm
     from autoprec.kernels.grouped_route import grouped_route
 
-    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16) * 0.02
-    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
-    offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * (tokens // experts)
+    experts, tokens, k, n = rig.experts, rig.tokens, rig.width, rig.width
+    x = torch.randn(tokens, k, device=rig.device, dtype=torch.bfloat16)
+    w = torch.randn(experts, k, n, device=rig.device, dtype=torch.bfloat16) * 0.02
+    dy = torch.randn(tokens, n, device=rig.device, dtype=torch.bfloat16)
+    offs = torch.arange(1, experts + 1, device=rig.device, dtype=torch.int32) * (tokens // experts)
     flops = 2 * tokens * k * n
     for role, layout, a, b in (("fprop", "2d3d", x, w), ("wgrad", "2d2d", x.t(), dy)):
         print(f"\n{'grouped ' + role + ' ' + str(experts) + 'x' + str(tokens // experts):<28}"
               f"{'ms':>9}{'TFLOP/s':>9}{'x bf16':>8}{'% peak':>8}  path")
         try:
-            ms_bf16 = triton.testing.do_bench(lambda a=a, b=b: F.grouped_mm(a, b, offs=offs))
+            ms_bf16 = rig.bench(lambda a=a, b=b: F.grouped_mm(a, b, offs=offs))
         except Exception as e:  # without torch's time the rows have no ratio: say why and go on
             print(f"{'bf16 F.grouped_mm':<28}  failed: {str(e).splitlines()[0][:80]}")
             continue
-        row("bf16 F.grouped_mm", lambda a=a, b=b: F.grouped_mm(a, b, offs=offs), flops, ms_bf16, peak)
+        row(rig, "bf16 F.grouped_mm", lambda a=a, b=b: F.grouped_mm(a, b, offs=offs), flops, ms_bf16, peak)
         # autoprec's bf16 product (into fp32 too: Triton's one-launch kernels, the wgrad's reading its operands in
         # place), then the quantized ones
         for fmt, out in (("bf16", torch.bfloat16), ("bf16", torch.float32), ("nvfp4", torch.bfloat16),
@@ -225,50 +278,48 @@ def grouped(peak: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n
             for name, ctx, note in cases:
                 try:
                     with ctx:
-                        row(name, run, flops, ms_bf16, peak, f"  {note}")
+                        row(rig, name, run, flops, ms_bf16, peak, f"  {note}")
                 except Exception as e:  # a path that fails here should not hide the other rows
                     print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
-def batched(peak: float, batch: int = 64, m: int = 2048, n: int = 2048, k: int = 128) -> None:
+def batched(rig: Rig, peak: float) -> None:
     """A planned bmm (attention scores over 64 batch x heads, head dim 128) against torch's bf16 bmm: the block-scaled
     product of quantized operands, alone and with their quantization, naming the grouped GEMM's path."""
-    import triton.testing
-
     from autoprec.kernels import grouped_dispatch, quantize, scaled_mm
     from autoprec.kernels.operand import Operand
 
-    q = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
-    kt = torch.randn(batch, k, n, device="cuda", dtype=torch.bfloat16)
+    batch, m, n, k = rig.bmm
+    q = torch.randn(batch, m, k, device=rig.device, dtype=torch.bfloat16)
+    kt = torch.randn(batch, k, n, device=rig.device, dtype=torch.bfloat16)
     flops = 2 * batch * m * n * k
-    ms_bf16 = triton.testing.do_bench(lambda: torch.bmm(q, kt))
+    ms_bf16 = rig.bench(lambda: torch.bmm(q, kt))
     print(f"\n{f'bmm {batch}x{m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}  path")
-    row("torch bf16 bmm", lambda: torch.bmm(q, kt), flops, ms_bf16, peak)
+    row(rig, "torch bf16 bmm", lambda: torch.bmm(q, kt), flops, ms_bf16, peak)
     for fmt in ("nvfp4", "mxfp8"):
         a, b = quantize(q, fmt, 2), quantize(kt, fmt, 1)
-        path, why = grouped_dispatch.grouped_gemm_path(torch.cuda.get_device_capability(), "2d3d",
+        path, why = grouped_dispatch.grouped_gemm_path(rig.capability(), "2d3d",
                                                        Operand(a.fmt, None, None, None, m, k),
                                                        Operand(b.fmt, None, None, None, n, k), torch.bfloat16, batch)
         note = f"  {path}" + (f" ({why})" if why else "")
-        row(f"autoprec {fmt}", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak, note)
-        row("  + quantize q, k", lambda: scaled_mm(quantize(q, fmt, 2), quantize(kt, fmt, 1),
+        row(rig, f"autoprec {fmt}", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak, note)
+        row(rig, "  + quantize q, k", lambda: scaled_mm(quantize(q, fmt, 2), quantize(kt, fmt, 1),
                                                     out_dtype=torch.bfloat16), flops, ms_bf16, peak)
 
 
-def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: int = 2048, n: int = 2048) -> None:
+def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
     """An experts fprop's operands quantized by the grouped quantizers (every group in one pass, offsets read on
     the device) against one quantization per group, in GB/s against HBM peak."""
-    import triton.testing
-
     from autoprec.kernels.dispatch import quantize
     from autoprec.kernels.grouped_dispatch import quantize_batches, quantize_row_groups
     from autoprec.kernels.random_bits import group_seed, sr_stream
 
-    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(experts, k, n, device="cuda", dtype=torch.bfloat16) * 0.02
-    offs = torch.arange(1, experts + 1, device="cuda", dtype=torch.int32) * (tokens // experts)
+    experts, tokens, k, n = rig.experts, rig.tokens, rig.width, rig.width
+    x = torch.randn(tokens, k, device=rig.device, dtype=torch.bfloat16)
+    w = torch.randn(experts, k, n, device=rig.device, dtype=torch.bfloat16) * 0.02
+    offs = torch.arange(1, experts + 1, device=rig.device, dtype=torch.int32) * (tokens // experts)
     bounds = [(g * (tokens // experts), (g + 1) * (tokens // experts)) for g in range(experts)]
-    step = torch.tensor(1, device="cuda")
+    step = torch.tensor(1, device=rig.device)
     print(f"\n{'grouped quantize, ' + str(experts) + ' experts':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}")
     for fmt in ("nvfp4", "mxfp8"):
         tile2d = fmt == "nvfp4"
@@ -285,12 +336,12 @@ def grouped_quantize(hbm_tbs: float, experts: int = 8, tokens: int = 16384, k: i
         for name, src, fn in cases:
             out = fn()
             written = sum(q.codes.nbytes + q.scales.nbytes for q in (out if isinstance(out, list) else [out]))
-            ms = triton.testing.do_bench(fn)
+            ms = rig.bench(fn)
             gbs = (src.nbytes + written) / ms / 1e6
             print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (hbm_tbs * 1e3):>7.0f}%")
 
 
-def training_step(layers: int, profile: bool = False, graphs: bool = False) -> None:
+def training_step(rig: Rig, layers: int, profile: bool = False, graphs: bool = False) -> None:
     """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor);
     ``profile``: each plan's step also profiled once; ``graphs``: the bf16 and nvfp4 steps again under
     ``mode="reduce-overhead"`` (CUDA graphs: one replay per graph instead of a launch per kernel)."""
@@ -299,8 +350,9 @@ def training_step(layers: int, profile: bool = False, graphs: bool = False) -> N
 
     from gpt_model import TinyGPT, tokens
 
-    idx, tgt = (t.cuda() for t in tokens(batch=8, ctx=1024, vocab=50304))
-    print(f"\n{'training step, GPT ' + str(layers) + 'x1024':<28}{'ms':>9}{'x bf16':>8}{'warm-up s':>10}  FLOP shares")
+    d, heads, ctx, batch, vocab = rig.gpt
+    idx, tgt = (t.to(rig.device) for t in tokens(batch=batch, ctx=ctx, vocab=vocab))
+    print(f"\n{f'training step, GPT {layers}x{d}':<28}{'ms':>9}{'x bf16':>8}{'warm-up s':>10}  FLOP shares")
     runs = [("bf16 (inductor)", None, None), ("autoprec nvfp4", "nvfp4", None), ("autoprec mxfp8", "mxfp8", None),
             ("autoprec auto", "auto", None)]
     if graphs:
@@ -310,7 +362,7 @@ def training_step(layers: int, profile: bool = False, graphs: bool = False) -> N
     for name, recipe, mode in runs:
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = TinyGPT(vocab=50304, d=1024, layers=layers, heads=16, ctx=1024, sdpa=True).cuda().bfloat16()
+        model = TinyGPT(vocab=vocab, d=d, layers=layers, heads=heads, ctx=ctx, sdpa=True).to(rig.device).bfloat16()
         if recipe is None:
             compiled = torch.compile(model, mode=mode)
         else:  # torch.compile takes mode or options, not both: autoprec's options carry the mode
@@ -324,33 +376,31 @@ def training_step(layers: int, profile: bool = False, graphs: bool = False) -> N
         began = time.perf_counter()
         for _ in range(3):  # compile, calibrate (auto), plan
             step()
-        torch.cuda.synchronize()
+        rig.sync()
         warmup = time.perf_counter() - began
         shares = autoprec.plan(model).flop_share() if recipe else {"bf16": 1.0}
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / 5
+        ms = rig.per_step_ms(step)
         base = base or ms
         share = " ".join(f"{fmt} {v:.0%}" for fmt, v in sorted(shares.items()))
         print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}{warmup:>10.0f}  {share}")
         if profile and recipe and not mode:
-            profile_step(step, name)
+            profile_step(rig, step, name)
 
 
-def profile_step(step, name: str) -> None:
-    """The GPU kernels and host ops of one step, by GPU time (torch.profiler), to see where a plan's time goes."""
+def profile_step(rig: Rig, step, name: str) -> None:
+    """The GPU kernels and host ops of one step, by GPU time (torch.profiler), to see where a plan's time goes
+    (a dry run's, by CPU time)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    on = "CPU" if rig.dry else "GPU"
+    activities = [ProfilerActivity.CPU] + ([] if rig.dry else [ProfilerActivity.CUDA])
+    with torch_profile(activities=activities) as prof:
         step()
-        torch.cuda.synchronize()
-    print(f"\n{name}: one step's top ops by GPU time")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+        rig.sync()
+    print(f"\n{name}: one step's top ops by {on} time")
+    print(prof.key_averages().table(sort_by=f"{on.lower().replace('gpu', 'cuda')}_time_total", row_limit=25,
+                                    max_name_column_width=60))
 
 
 if __name__ == "__main__":

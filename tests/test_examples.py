@@ -75,6 +75,39 @@ def test_quality_benchmark_moe_option(tmp_path):
     assert refused.returncode != 0 and "was run with moe=4, this run has moe=0" in refused.stderr
 
 
+def timed_rows(out: str) -> list[str]:
+    """The names of the kernel rows ``kernels_gpu.py`` printed with a time (name, then ms with three decimals)."""
+    return re.findall(r"^ *(\S.*?)\s+\d+\.\d{3}\s+\d+\s", out, re.M)
+
+
+def test_gpu_benchmark_dry_run_prints_every_section_and_row():
+    """``kernels_gpu.py --dry-run`` runs every kernel section the GPU run prints once on the CPU (Triton's
+    interpreter): each section's header and each row, none reported failed (the grouped and sweep sections
+    print a failure and go on)."""
+    out = run("benchmarks/kernels_gpu.py", "--dry-run", "--no-step", "--sweep")
+    assert "failed" not in out, out
+    sections = re.findall(r"^(quantize|matmul|tile sweep|grouped fprop|grouped wgrad|bmm|grouped quantize)\b", out,
+                          re.M)
+    assert sections == ["quantize"] + ["matmul"] * 3 + ["tile sweep", "grouped fprop", "grouped wgrad", "bmm",
+                                                          "grouped quantize"], out
+    rows = timed_rows(out)
+    assert len(rows) == 14 + 3 * 6 + 16 + 2 * 7 + 5 + 8, out
+    assert {"nvfp4 cols sr + rht", "mxfp8 one read, activation", "autoprec nvfp4 (tensor_core)", "+ quantize x, w",
+            "nvfp4 + quantize, per group", "+ quantize q, k", "nvfp4 weights, batched"} <= set(rows)
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_dry_run_times_each_plans_step():
+    """``--dry-run --step-only``: the training-step section's rows (bf16, three plans, the two CUDA-graph rows run
+    without graphs on the CPU) with their FLOP shares, and a profile table per plan."""
+    out = run("benchmarks/kernels_gpu.py", "--dry-run", "--step-only", "--layers", "1", "--profile", "--graphs")
+    steps = re.findall(r"^(\S.*?)\s+\d+\.\d\s+\d+\.\d\d\s+\d+  ", out, re.M)  # name, ms, x bf16, warm-up s
+    assert steps == ["bf16 (inductor)", "autoprec nvfp4", "autoprec mxfp8", "autoprec auto", "bf16 (CUDA graphs)",
+                     "autoprec nvfp4 (CUDA graphs)"], out
+    assert out.count("one step's top ops by CPU time") == 3
+    assert re.search(r"^autoprec auto .* bf16 \d+% nvfp4 \d+%", out, re.M), out
+
+
 def test_host_overhead_benchmark_times_every_op():
     out = run("benchmarks/host_overhead.py", "--calls", "5")
     assert len(re.findall(r"^  (quantize|scaled_mm|grouped_mm) .* us$", out, re.M)) == 8
