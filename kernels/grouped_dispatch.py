@@ -51,8 +51,7 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
     zeros made in the kernel where Triton runs, a padded copy elsewhere)."""
     if x.ndim != 2:
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
-    kp = whole_blocks(x.shape[1], get_format(fmt)) if pad_k else x.shape[1]
-    fmt = check_quantize_args(x.new_empty(x.shape[0], kp, device="meta"), fmt, 1, rounding, False, scale_mode)
+    fmt, kp = _checked_reduction(x, fmt, pad_k, rounding, False, scale_mode)
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
 
@@ -92,8 +91,7 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
         raise ValueError(f"quantize_batches needs a 3D tensor, got shape {tuple(x.shape)}")
     if sr_of_transpose and tile2d:
         raise ValueError("quantize_batches: sr_of_transpose quantizes rows, which take no 16x16 tiles (tile2d)")
-    kp = whole_blocks(x.shape[1], get_format(fmt)) if pad_k else x.shape[1]
-    fmt = check_quantize_args(x.new_empty(kp, x.shape[2], device="meta"), fmt, 0, rounding, tile2d, scale_mode)
+    fmt, kp = _checked_reduction(x, fmt, pad_k, rounding, tile2d, scale_mode)
     tile_rows = 16 if tile2d else 1
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
@@ -112,6 +110,15 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
     ts = None if fmt is not NVFP4 else torch.stack([q.tensor_scale for q in items])
     return QuantizedGroups(fmt, torch.stack([q.codes for q in items]), torch.stack([q.scales for q in items]), ts,
                            x.shape, tile_rows)
+
+
+def _checked_reduction(x: torch.Tensor, fmt: str | Format, pad_k: bool, rounding: str, tile2d: bool,
+                       scale_mode: str) -> tuple[Format, int]:
+    """(format, K) of a grouped quantization along dim 1 of ``x`` (2D token rows, or 3D items (E, K, N)): K
+    rounded up to whole blocks with ``pad_k``, and the arguments checked as for one item of that padded shape."""
+    kp = whole_blocks(x.shape[1], get_format(fmt)) if pad_k else x.shape[1]
+    item, axis = ((x.shape[0], kp), 1) if x.ndim == 2 else ((kp, x.shape[2]), 0)
+    return check_quantize_args(x.new_empty(item, device="meta"), fmt, axis, rounding, tile2d, scale_mode), kp
 
 
 def whole_blocks(k: int, fmt: Format) -> int:
