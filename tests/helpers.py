@@ -21,6 +21,31 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
+def mismatch(got, want) -> str | None:
+    """None when QuantizedTensor ``got`` (on any device) is ``want``: the same bytes and dtypes of codes, scales and
+    NVFP4's tensor scale, and the same axis, shape and tile rows; else what differs, with how many code and scale
+    bytes do."""
+    got = to_device(got, "cpu")
+    fields = ("codes", "scales") + (("tensor_scale",) if want.tensor_scale is not None else ())
+    meta = [(name, getattr(got, name), getattr(want, name)) for name in ("axis", "shape", "tile_rows")]
+    if all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields) and all(g == w for _, g, w in meta):
+        return None
+    parts = [f"{name} {g} / {w}" for name, g, w in meta]
+    for f in ("codes", "scales"):
+        a, b = getattr(got, f), getattr(want, f)
+        count = int((a.view(torch.uint8) != b.view(torch.uint8)).sum()) if a.shape == b.shape else "all"
+        parts.append(f"{f} ({a.dtype} / {b.dtype}): {count} of {b.numel()} bytes differ")
+    if want.tensor_scale is not None:
+        parts.append(f"tensor scale {got.tensor_scale} / {want.tensor_scale}")
+    return ", ".join(parts)
+
+
+def assert_same(got, want) -> None:
+    """``got`` is ``want`` (``mismatch``), else a failure saying what differs."""
+    problem = mismatch(got, want)
+    assert problem is None, problem
+
+
 def edge_tensor(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     """Random normal data with edge blocks: zero, Inf, -Inf, NaN, tiny (subnormal scales), saturating."""
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))

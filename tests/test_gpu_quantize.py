@@ -12,18 +12,16 @@ from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
-from helpers import bits_equal, edge_tensor, force_tile, tile_id, to_device
+from helpers import assert_same, edge_tensor, force_tile, mismatch, tile_id
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEED = sr_stream(5, 11)
 
 
-def same(got, want) -> bool:
-    """The same bytes (codes, scales, NVFP4's tensor scale) and the same quantization: axis and shape."""
-    got = to_device(got, "cpu")
-    fields = ("codes", "scales") + (("tensor_scale",) if want.tensor_scale is not None else ())
-    return (all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields)
-            and (got.axis, got.shape) == (want.axis, want.shape))
+def assert_both_same(got, want) -> None:
+    """Both copies of a pair (rows, columns) as ``want``'s, else a failure saying what differs in each."""
+    problems = [f"{name}: {p}" for name, g, w in zip(("rows", "columns"), got, want) if (p := mismatch(g, w))]
+    assert not problems, "; ".join(problems)
 
 
 def gpu_and_ref(monkeypatch, fn, x):
@@ -42,7 +40,7 @@ def gpu_and_ref(monkeypatch, fn, x):
 def test_gpu_quantize_equals_reference(monkeypatch, dtype, fmt, axis, opts):
     x = edge_tensor(768, 1536).to(dtype)
     got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize(t, fmt, axis, **opts), x)
-    assert same(got, want)
+    assert_same(got, want)
 
 
 TILE_CASES = [("nvfp4", c) for c in qt.CONFIGS] + [("mxfp8", c) for c in qt.MXFP8_GPU_CONFIGS]
@@ -62,7 +60,8 @@ def test_gpu_every_autotuned_tile_equals_reference(monkeypatch, fmt, config):
         with monkeypatch.context() as m:
             m.setenv("AUTOPREC_KERNELS", "ref")
             want = dispatch.quantize(x, fmt, axis, **opts)
-        assert same(got, want), (axis, opts)
+        problem = mismatch(got, want)
+        assert problem is None, (axis, opts, problem)
 
 
 GRADIENT_PAIR = (QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True))
@@ -72,7 +71,7 @@ GRADIENT_PAIR = (QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_sourc
 def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt):
     x = edge_tensor(1024, 768).bfloat16()
     got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, *GRADIENT_PAIR), x)
-    assert same(got[0], want[0]) and same(got[1], want[1])
+    assert_both_same(got, want)
 
 
 ONE_READ_PAIRS = {  # (rows, columns): the gradient pair, then each of its parts alone
@@ -84,17 +83,6 @@ ONE_READ_PAIRS = {  # (rows, columns): the gradient pair, then each of its parts
 }
 ONE_READ_DATA = {"edge": lambda: edge_tensor(1024, 768),
                  "randn": lambda: torch.randn(1024, 768, generator=torch.Generator().manual_seed(1))}
-
-
-def differing(got, want) -> str:
-    """``got``'s (a copy on the GPU) axis and shape against ``want``'s, and how many of its code and scale bytes
-    differ."""
-    got = to_device(got, "cpu")
-    parts = [f"axis {got.axis} / {want.axis}, shape {tuple(got.shape)} / {tuple(want.shape)}"]
-    for f in ("codes", "scales"):
-        a, b = getattr(got, f).view(torch.uint8), getattr(want, f).view(torch.uint8)
-        parts.append(f"{f} {int((a != b).sum())}/{b.numel()} differ")
-    return ", ".join(parts)
 
 
 @pytest.mark.parametrize("data", list(ONE_READ_DATA))
@@ -111,5 +99,4 @@ def test_gpu_one_read_kernel_equals_two_references(monkeypatch, fmt, config, pai
     kernel = quantize_dual_triton(x.cuda(), get_format(fmt), *copies)
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.quantize_dual(x, fmt, *copies)
-    assert same(kernel[0], want[0]) and same(kernel[1], want[1]), (
-        f"rows: {differing(kernel[0], want[0])}; columns: {differing(kernel[1], want[1])}")
+    assert_both_same(kernel, want)

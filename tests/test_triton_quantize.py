@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor, force_tile, tile_id
+from helpers import assert_same, edge_tensor, force_tile, tile_id
 
 triton = pytest.importorskip("triton")
 
@@ -20,14 +20,6 @@ from autoprec.kernels.rounding_ref import e2m1_encode, round_to_element
 
 tl = triton.language
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def assert_same(q, r):
-    assert q.codes.dtype == r.codes.dtype and q.scales.dtype == r.scales.dtype
-    assert bits_equal(q.codes.cpu(), r.codes) and bits_equal(q.scales.cpu(), r.scales)
-    if r.tensor_scale is not None:
-        assert bits_equal(q.tensor_scale.cpu(), r.tensor_scale)
-    assert (q.axis, q.shape, q.tile_rows) == (r.axis, r.shape, r.tile_rows)
 
 
 def check(x, fmt, axis, sr, rht, hashed=False, **opts):
