@@ -2,8 +2,10 @@
 tensor-core MMA, and every cubin (the decode and epilogue kernels of the decoded + cuBLAS path too) fits the
 parts' registers and shared memory. The GEMM's bf16 decode is exact or it hands over to the fp32 kernel.
 (Numerics against the reference: test_triton_scaled_mm.py.)"""
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +103,29 @@ def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
     for r in ptx_report:
         assert r["regs"] <= 255 and r["stack"] <= 64, r  # no real register spills
         assert r["shared"] <= SHARED_LIMIT[r["cap"]], r
+
+
+def test_ptx_report_compiles_every_kernel_autoprec_launches():
+    """Each Triton kernel a module of autoprec.kernels launches (``name[grid](...)`` in its source) is one
+    ``ptx_report`` compiles for sm_90 and sm_100, so a new kernel cannot miss the tests above."""
+    import ptx_report
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import KernelInterface
+
+    import autoprec.kernels
+
+    def unwrapped(kernel):
+        return kernel.fn if isinstance(kernel, Autotuner) else kernel
+
+    compiled = {id(unwrapped(kernel)) for _, kernel, *_ in ptx_report.kernels()}
+    launched = {}
+    for path in sorted(Path(autoprec.kernels.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"autoprec.kernels.{path.stem}")
+        for name in set(re.findall(r"\b(\w+)\[", path.read_text())):
+            if isinstance(getattr(module, name, None), KernelInterface):
+                launched[f"{path.stem}.{name}"] = id(unwrapped(getattr(module, name)))
+    assert len(launched) >= 20, launched
+    assert [name for name, kernel in launched.items() if kernel not in compiled] == []
 
 
 def mx_operand(fmt: str, exponent: int):
