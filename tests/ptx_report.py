@@ -115,13 +115,13 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     bf16 = {"x_ptr": "*bf16"}
     out.append(("quantize_nvfp4_rows_launch", qt._nvfp4_kernel.fn, nvfp4 | bf16, rows | {"TILE2D": False},
                 {LAUNCH_ALIGNED: True}))
-    out.append(("quantize_mxfp8_rows_launch", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16, rows | mx,
+    out.append(("quantize_mxfp8_rows_launch", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16, mx | rows,
                 {LAUNCH_ALIGNED: True}))
     wide = rows | {"BR": 64, "BK": 64}  # a tile of 32 elements per thread (4 warps)
     out.append(("quantize_nvfp4_rows_launch_br64_bk64", qt._nvfp4_kernel.fn, nvfp4 | bf16, wide | {"TILE2D": False},
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
-                wide | mx, {LAUNCH_ALIGNED: True}))
+                mx | wide, {LAUNCH_ALIGNED: True}))
     return out + dual_kernels(mx) + grouped_kernels(mx) + k_group_kernels(mx) + grouped_gemms()
 
 
