@@ -6,21 +6,21 @@
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies as dispatch
 makes them (two quantizations on a GPU for now), "one read" rows from one read by the one-read kernel.
-Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on
-the same shape, alone and with both operands' quantization; each row names the path dispatch took (native,
-decoded, tensor_core, fp32), and the in-register Triton GEMM runs beside the decoded + cuBLAS one (--sweep:
-at several tiles). Grouped rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against
-torch's bf16 grouped GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside
-rows forced to one GEMM per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves
-undefined; into fp32, Triton's one-launch kernels); bmm rows time a planned batched product (attention scores,
-64 items) against torch's bf16 bmm;
-grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each against one
-quantization per group. The step is one forward+backward of a
-~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under plain inductor, against autoprec's
-nvfp4, mxfp8 and auto plans (inner inductor); --graphs adds the bf16 and nvfp4 steps under
-mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py measures).
-The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize
->= 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
+Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on the
+same shape, alone and with both operands' quantization; each row names the path dispatch took (native, decoded,
+tensor_core, fp32), and the in-register Triton GEMM and Triton's GEMM over the decoded operands (its epilogue in
+registers, no fp32 product in memory) run beside the decoded + cuBLAS one (--sweep: at several tiles). Grouped
+rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against torch's bf16 grouped
+GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside rows forced to one GEMM
+per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves undefined; into fp32,
+Triton's one-launch kernels); bmm rows time a planned batched product (attention scores, 64 items) against torch's
+bf16 bmm; grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each
+against one quantization per group.
+The step is one forward+backward of a ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under
+plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor); --graphs adds the bf16 and nvfp4
+steps under mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py
+measures). The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize >=
+70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
 Without a CUDA GPU it exits with a message, unless --dry-run: every section then runs once on the CPU at tiny
 shapes, its Triton kernels in the interpreter (AUTOPREC_KERNELS=triton: matmuls take the in-register GEMM, so the
 rows only the decoded path has are left out), which checks the script's calls before a GPU session spends its
@@ -169,6 +169,7 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.dispatch import gemm_path
     from autoprec.kernels.operand import as_operand
+    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
     from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
@@ -196,20 +197,29 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
                     peak)
             finally:
                 matmul.allow_bf16_reduced_precision_reduction = allowed
-        if fmt != "bf16" and path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
-            oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
+        if fmt == "bf16":
+            continue
+        oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")
+        if path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
             row(rig, "  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
                 peak)
+        # the operands decoded as for cuBLAS, multiplied by Triton's GEMM, the epilogue in its registers
+        row(rig, "  decoded + Triton GEMM", lambda: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16), flops,
+            ms_bf16, peak)
 
 
 SWEEP = [(128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 128, 64, 4, 3),
          (128, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 4)]
+DECODED_SWEEP = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128, 256, 64, 8, 3),
+                 (128, 256, 64, 8, 4)]
 
 
 def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
-    """The tensor-core GEMM at each (BM, BN, BK, warps, stages) of SWEEP; the first is the one it runs."""
+    """The in-register tensor-core GEMM at each (BM, BN, BK, warps, stages) of SWEEP, then Triton's GEMM over
+    decoded operands at each of DECODED_SWEEP; the first of each is the one it runs."""
     from autoprec.kernels import quantize
     from autoprec.kernels.operand import as_operand
+    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
     from autoprec.kernels.scaled_mm_triton import DOT_BF16, launch
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
@@ -224,6 +234,14 @@ def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
                 row(rig, name, lambda: launch((bm, bn, bk), oa, ob, None, torch.bfloat16, DOT_BF16, num_warps=warps,
                                          num_stages=stages), 2 * m * n * k, ms_bf16, peak)
             except Exception as e:  # a tile that does not fit (shared memory, registers) is reported
+                print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
+        for bm, bn, bk, warps, stages in DECODED_SWEEP:
+            name = f"{fmt} dec {bm}x{bn}x{bk} w{warps} s{stages}"
+            try:
+                row(rig, name, lambda: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16, blocks=(bm, bn, bk),
+                                                                num_warps=warps, num_stages=stages),
+                    2 * m * n * k, ms_bf16, peak)
+            except Exception as e:
                 print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 

@@ -9,12 +9,14 @@ from autoprec.formats import BF16, NVFP4, Format
 from autoprec.kernels.quantized import QuantizedTensor
 
 KIND_NVFP4, KIND_MXFP8, KIND_BF16 = 0, 1, 2
+KIND_BF16_SCALED = 3  # the kernels' kind of bf16 values with a tensor scale (an NVFP4 operand decoded to bf16)
 
 
 @dataclass(frozen=True)
 class Operand:
     """One GEMM operand stored (rows, K) with K the reduction axis: a quantized tensor blocked along
-    K, or plain bfloat16 values (a view, possibly strided: the kernels take a contiguous copy)."""
+    K, or plain bfloat16 values (a view, possibly strided: the kernels take a contiguous copy), which may carry an
+    NVFP4 tensor scale for the product to take (``decoded``)."""
 
     fmt: Format
     codes: torch.Tensor
@@ -47,11 +49,18 @@ def as_operand(x: QuantizedTensor | torch.Tensor, k_axis: int, name: str) -> Ope
     return Operand(BF16, stored, None, None, stored.shape[0], stored.shape[1])
 
 
+def decoded(op: Operand, values: torch.Tensor) -> Operand:
+    """The bf16 operand of ``op``'s decoded ``values`` (code times block scale), carrying NVFP4's tensor scale."""
+    return Operand(BF16, values, None, op.tensor_scale if op.fmt is NVFP4 else None, op.rows, op.k)
+
+
 def kernel_args(op: Operand) -> tuple[list[torch.Tensor], list]:
     """Pointers and constexprs (kind, element bits, bias, Inf) describing one operand to the Triton matmuls."""
     elem = op.fmt.elem
     if op.kind == KIND_BF16:
         codes = op.codes.contiguous()
+        if op.tensor_scale is not None:
+            return [codes, codes, op.tensor_scale], [KIND_BF16_SCALED, 0, 0, 0, False]
         return [codes, codes, codes], [KIND_BF16, 0, 0, 0, False]
     ts = op.tensor_scale if op.tensor_scale is not None else op.codes
     ptrs = [op.codes.view(torch.uint8), op.scales.view(torch.uint8), ts]

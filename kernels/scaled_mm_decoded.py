@@ -8,6 +8,11 @@ bias to bf16 skips that pass (cuBLAS rounds its fp32 accumulator once) when
 ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction`` is off: torch's default lets cuBLAS
 add split-K partial sums in bf16. It equals the reference up to fp32 accumulation order; it costs a write
 and a read of each operand in bf16 (and of the fp32 product when the epilogue runs) next to the GEMM.
+
+``scaled_mm_decoded_triton`` multiplies the same decoded operands with Triton's bf16 tensor-core GEMM instead
+(``scaled_mm_triton``'s kernel reading bf16 tiles as stored), whose epilogue applies the tensor scales, bias
+and the rounding in registers: no fp32 product in memory. Which of the two is faster is a GPU measurement
+(``benchmarks/kernels_gpu.py``); dispatch runs cuBLAS's until one says otherwise.
 """
 from __future__ import annotations
 
@@ -18,11 +23,21 @@ import triton
 import triton.language as tl
 
 from autoprec.kernels.launch import cdiv
-from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_triton import apply_tensor_scales, decode_tile, from_row, scaled_mm_triton, store_tile
+from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
+from autoprec.kernels.scaled_mm_triton import (
+    DOT_BF16,
+    DOT_BF16_IN_FP32,
+    apply_tensor_scales,
+    decode_tile,
+    from_row,
+    launch,
+    scaled_mm_triton,
+    store_tile,
+)
 
 DECODE_R, DECODE_K = 64, 64
 EPILOGUE_M, EPILOGUE_N = 32, 128
+GEMM_BLOCKS, GEMM_WARPS, GEMM_STAGES = (128, 128, 64), 8, 3  # the Triton GEMM over decoded operands
 
 
 @triton.jit
@@ -105,6 +120,21 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
                                out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
                                HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
                                BN=EPILOGUE_N)
+    if flag is not None:
+        scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)
+    return out
+
+
+def scaled_mm_decoded_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, *,
+                             blocks: tuple[int, int, int] = GEMM_BLOCKS, num_warps: int = GEMM_WARPS,
+                             num_stages: int = GEMM_STAGES) -> torch.Tensor:
+    """``scaled_mm_decoded``'s product with Triton's bf16 tensor-core GEMM over the decoded operands (tile
+    ``blocks``, launch options ``num_warps`` and ``num_stages``), the NVFP4 tensor scales, bias and rounding
+    applied to its fp32 accumulator in registers; values bf16 does not hold recomputed as there."""
+    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+    da, db = decoded(a, decode_bf16(a, flag)), decoded(b, decode_bf16(b, flag))
+    dot = DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
+    out = launch(blocks, da, db, bias, out_dtype, dot, num_warps=num_warps, num_stages=num_stages)
     if flag is not None:
         scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)
     return out

@@ -26,8 +26,26 @@ DOT_FP32, DOT_BF16, DOT_BF16_IN_FP32 = 0, 1, 2  # how tiles are multiplied (the 
 def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
                 KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
                 HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr):
-    """fp32 [len(rows), BK] tile, columns k0 .. k0 + BK, of one operand (0 = NVFP4, 1 = MXFP8, 2 = BF16): code
-    times block scale, exact in fp32; NVFP4's tensor scale is left to the accumulator (``apply_tensor_scales``).
+    """[len(rows), BK] tile, columns k0 .. k0 + BK, of one operand: quantized ones (0 = NVFP4, 1 = MXFP8) decoded
+    to fp32 (``decode_codes``), plain values (2 = BF16, 3 = BF16 with a tensor scale: an NVFP4 operand decoded to
+    bf16) loaded as stored, for ``dot_operand`` to cast: a bf16 tile then reaches a bf16 dot as loaded. One
+    return: Triton types every return a function has, the branch not compiled included."""
+    if KIND >= 2:
+        kk = k0 + tl.arange(0, BK)
+        tile = tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=(rows < R)[:, None] & (kk < K)[None, :],
+                       other=0.0)
+    else:
+        tile = decode_codes(codes_ptr, scales_ptr, rows, k0, R, K, BK, KIND, EBITS, MBITS, BIAS, HAS_INF, TILE_ROWS,
+                            PER_BLOCK)
+    return tile
+
+
+@triton.jit
+def decode_codes(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
+                 KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                 HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr):
+    """fp32 [len(rows), BK] tile, columns k0 .. k0 + BK, of a quantized operand (0 = NVFP4, 1 = MXFP8): code times
+    block scale, exact in fp32; NVFP4's tensor scale is left to the accumulator (``apply_tensor_scales``).
     PER_BLOCK reads each packed byte once and decodes each block scale once, then broadcasts it over its block
     (a third of the sm_90 instructions for NVFP4); without it every element loads and decodes its own scale,
     which needs fewer registers where a tile sits beside a dot (kernels that spill with PER_BLOCK)."""
@@ -35,8 +53,6 @@ def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
     rmask = (rows < R)[:, None]
     kk = k0 + tl.arange(0, BK)
     mask = rmask & (kk < K)[None, :]
-    if KIND == 2:
-        return tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0).to(tl.float32)
     BLOCK: tl.constexpr = 16 if KIND == 0 else 32
     if not PER_BLOCK:
         if KIND == 0:
@@ -69,7 +85,7 @@ def from_row(codes_ptr, scales_ptr, row0, K, KIND: tl.constexpr, TILE_ROWS: tl.c
     """``decode_tile``'s codes and scales pointers of an operand moved to its row ``row0`` (a multiple of
     TILE_ROWS), in int64: tiles then index their rows from 0, so no element offset passes 2**31."""
     top = tl.cast(row0, tl.int64)
-    if KIND == 2:
+    if KIND >= 2:
         return codes_ptr + top * K, scales_ptr
     return (codes_ptr + top * (K // 2 if KIND == 0 else K),
             scales_ptr + top // TILE_ROWS * (K // (16 if KIND == 0 else 32)))
@@ -77,21 +93,19 @@ def from_row(codes_ptr, scales_ptr, row0, K, KIND: tl.constexpr, TILE_ROWS: tl.c
 
 @triton.jit
 def apply_tensor_scales(acc, a_ts, b_ts, A_KIND: tl.constexpr, B_KIND: tl.constexpr):
-    """NVFP4's per-tensor decode scales, once on the fp32 accumulator."""
-    if A_KIND == 0:
+    """NVFP4's per-tensor decode scales (kinds 0 and 3), once on the fp32 accumulator."""
+    if A_KIND == 0 or A_KIND == 3:
         acc = acc * tl.load(a_ts)
-    if B_KIND == 0:
+    if B_KIND == 0 or B_KIND == 3:
         acc = acc * tl.load(b_ts)
     return acc
 
 
 @triton.jit
 def dot_operand(tile, DOT: tl.constexpr):
-    """A decoded fp32 tile as the dot takes it: kept in fp32, or cast to bf16 for tensor cores (exact: the
+    """A decoded (or loaded) tile as the dot takes it: in fp32, or cast to bf16 for tensor cores (exact: the
     values are bf16 numbers). Cast as soon as a tile is decoded, so two fp32 tiles are never live at once."""
-    if DOT != 0:
-        tile = tile.to(tl.bfloat16)
-    return tile
+    return tile.to(tl.bfloat16) if DOT != 0 else tile.to(tl.float32)
 
 
 @triton.jit

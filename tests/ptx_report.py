@@ -1,10 +1,10 @@
 """Compile every GPU kernel for sm_90 and sm_100 (the grouped GEMMs for sm_80, sm_120 too) without a GPU and report, as
 JSON on stdout, whether its PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the
 tensor-core GEMM (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS
-GEMM, the experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on; the one-read, grouped, batched and
-K-grouped ones at their autotuned tiles; and the fprop row quantizers as a launch specializes them, with their SASS
-instruction counts). Run in a process without TRITON_INTERPRET (the interpreter replaces Triton's compiler):
-``python tests/ptx_report.py`` (one compiling process per core)."""
+GEMM, Triton's GEMM over decoded operands, the experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on;
+the one-read, grouped, batched and K-grouped ones at their autotuned tiles; and the fprop row quantizers as a launch
+specializes them, with their SASS instruction counts). Run in a process without TRITON_INTERPRET (the interpreter
+replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process per core)."""
 from __future__ import annotations
 
 import json
@@ -75,6 +75,13 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     gemm_opts = {"num_warps": tc.NUM_WARPS, "num_stages": tc.NUM_STAGES}
     out = [(f"tensor_core_gemm_{f}", fp32.scaled_mm_kernel, POINTERS, constexprs(f) | {"DOT": fp32.DOT_BF16},
             gemm_opts) for f in ("nvfp4", "mxfp8")]
+    bm, bn, bk = dec.GEMM_BLOCKS  # Triton's GEMM over operands decoded to bf16 (NVFP4's: with their tensor scales)
+    values = POINTERS | {"a_codes": "*bf16", "a_scales": "*bf16", "b_codes": "*bf16", "b_scales": "*bf16"}
+    for f, kind in (("nvfp4", 3), ("mxfp8", 2)):
+        const = constexprs("nvfp4") | {"A_KIND": kind, "B_KIND": kind, "BM": bm, "BN": bn, "BK": bk,
+                                       "DOT": fp32.DOT_BF16}  # the element constexprs are unused for values
+        out.append((f"decoded_triton_gemm_{f}", fp32.scaled_mm_kernel, values, const,  # as a launch specializes it
+                    {"num_warps": dec.GEMM_WARPS, "num_stages": dec.GEMM_STAGES, LAUNCH_ALIGNED: True}))
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
                                         "DOT": fp32.DOT_FP32, "GUARDED": True}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))

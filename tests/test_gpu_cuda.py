@@ -11,6 +11,7 @@ from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.random_bits import sr_stream
+from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
 
 from gpt_model import TinyGPT, tokens
 from helpers import to_device
@@ -31,6 +32,22 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
     got = dispatch.scaled_mm(ga, gb, bias.cuda(), out_dtype).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb, bias, torch.float32)
+    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
+    assert got.dtype == out_dtype
+    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+@pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("mxfp8", "nvfp4")])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_triton_gemm_over_decoded_operands_matches_reference(fa, fb, out_dtype):
+    """``scaled_mm_decoded_triton`` (benchmarked beside cuBLAS's decoded GEMM, not dispatched yet) on the GPU:
+    bias, tensor scales and the rounding in its registers, 16 pipelined K steps, edge tiles in M and N."""
+    gen = torch.Generator().manual_seed(2)
+    a, b, bias = torch.randn(300, 1024, generator=gen), torch.randn(1024, 208, generator=gen), torch.randn(208)
+    qa, qb = quantize_ref(a, fa, 1), quantize_ref(b, fb, 0, tile2d=fb == "nvfp4")
+    oa, ob = as_operand(to_device(qa, "cuda"), 1, "a"), as_operand(to_device(qb, "cuda"), 0, "b")
+    got = scaled_mm_decoded_triton(oa, ob, bias.cuda(), out_dtype).cpu()
+    want = dispatch.reference_scaled_mm(qa, qb, bias, torch.float32)
     tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
     assert got.dtype == out_dtype
     assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())

@@ -16,7 +16,7 @@ from autoprec.kernels.operand import as_operand
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.quantize_triton import quantize_triton
 from autoprec.kernels.random_bits import StepStream, sr_stream
-from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded
+from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
 from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch
 
 from helpers import bits_equal, to_device
@@ -58,8 +58,13 @@ class HostReads(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+DECODED_GEMMS = pytest.mark.parametrize("gemm", [scaled_mm_decoded, scaled_mm_decoded_triton],
+                                        ids=["cublas", "triton"])
+
+
+@DECODED_GEMMS
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
-def test_quantize_and_decoded_matmul_read_nothing_on_the_host(fmt):
+def test_quantize_and_decoded_matmul_read_nothing_on_the_host(fmt, gemm):
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(64, 64, generator=gen).to(DEVICE), torch.randn(64, 32, generator=gen).to(DEVICE)
     bias = torch.randn(32, generator=gen).to(DEVICE)
@@ -69,7 +74,7 @@ def test_quantize_and_decoded_matmul_read_nothing_on_the_host(fmt):
         qa = quantize_triton(x, f, 1, seed=(3 << 32) | 0xFFFFFFF0, rht=True)  # keys above 2**31 too
         qb = quantize_triton(w, f, 0)
         for b, out_dtype in ((None, torch.bfloat16), (bias, torch.float32)):
-            scaled_mm_decoded(as_operand(qa, 1, "a"), as_operand(qb, 0, "b"), b, out_dtype)
+            gemm(as_operand(qa, 1, "a"), as_operand(qb, 0, "b"), b, out_dtype)
     assert rec.found == []
 
 
@@ -99,7 +104,8 @@ def test_gpu_gemm_paths_are_chosen_without_reading_operands():
     assert dispatch.gemm_path((10, 0), oa, ob) == ("native", None)
 
 
-def test_decoded_matmul_recomputes_values_bf16_does_not_hold():
+@DECODED_GEMMS
+def test_decoded_matmul_recomputes_values_bf16_does_not_hold(gemm):
     gen = torch.Generator().manual_seed(4)
     # block scales near 2**-133: elements below bf16's normal range (a bf16 cast would round them)
     a, b = torch.randn(48, 128, generator=gen) * 2.0**-125, torch.randn(128, 40, generator=gen)
@@ -110,7 +116,7 @@ def test_decoded_matmul_recomputes_values_bf16_does_not_hold():
     assert flag.item() == 1
     want = dispatch.reference_scaled_mm(qa, qb, None, torch.float32)
     for out_dtype in (torch.float32, torch.bfloat16):
-        got = scaled_mm_decoded(oa, ob, None, out_dtype).cpu().float()
+        got = gemm(oa, ob, None, out_dtype).cpu().float()
         tol = 1e-5 if out_dtype == torch.float32 else 2**-8
         assert torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item())
 

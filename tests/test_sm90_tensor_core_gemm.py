@@ -47,6 +47,16 @@ def test_ptx_sm100_uses_tcgen05(ptx_report):
     assert len(gemms(ptx_report, 100)) == 2 and all(r["tcgen05"] for r in gemms(ptx_report, 100))
 
 
+def test_ptx_sm90_and_sm100_triton_gemm_over_decoded_operands_uses_tensor_cores(ptx_report):
+    """The GEMM over operands decoded to bf16 in memory (``scaled_mm_decoded_triton``), compiled as a launch
+    specializes it: wgmma on sm_90, tcgen05 on sm_100, pipelined through shared memory (96 KiB: three stages of
+    two 128x64 bf16 tiles) without spilling (the cubin test below)."""
+    decoded = {(r["kernel"], r["cap"]): r for r in ptx_report if r["kernel"].startswith("decoded_triton_gemm")}
+    assert sorted(decoded) == [(f"decoded_triton_gemm_{f}", cap) for f in ("mxfp8", "nvfp4") for cap in (90, 100)]
+    for (_, cap), r in decoded.items():
+        assert r["wgmma" if cap == 90 else "tcgen05"] and r["shared"] >= 3 * 2 * 128 * 64 * 2, r
+
+
 def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
     """The experts' one-launch GEMMs (2d x 3d, and the wgrad's 2d x 2d): wgmma on sm_90 and tcgen05 on sm_100 for
     in-register NVFP4 and MXFP8 tiles and for pre-decoded bf16 tiles (the fp32 recompute has no tensor-core dot);

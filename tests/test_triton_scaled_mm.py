@@ -9,7 +9,7 @@ from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode, unpack_nibbles
-from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded
+from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
 
@@ -20,11 +20,11 @@ CASES = [("nvfp4", "nvfp4", False), ("nvfp4", "nvfp4", True), ("mxfp8", "mxfp8",
          ("mxfp8", "mxfp8_e5m2", False), ("mxfp8_e5m2", "nvfp4", True)]
 
 
-@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton, scaled_mm_decoded],
-                ids=["fp32_dot", "sm90_bf16_tensor_core", "sm90_decoded_cublas"])
+@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton, scaled_mm_decoded, scaled_mm_decoded_triton],
+                ids=["fp32_dot", "sm90_bf16_tensor_core", "sm90_decoded_cublas", "sm90_decoded_triton"])
 def kernel(request):
     """The Triton matmuls (tiles decoded to fp32 with an fp32 dot, or to bf16 for tensor cores) and the
-    operands decoded to bf16 in memory for a library GEMM."""
+    operands decoded to bf16 in memory for a library GEMM or Triton's."""
     return request.param
 
 
