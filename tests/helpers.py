@@ -26,9 +26,10 @@ def mismatch(got, want) -> str | None:
     NVFP4's tensor scale, and the same axis, shape and tile rows; else what differs, with how many code and scale
     bytes do."""
     got = to_device(got, "cpu")
-    fields = ("codes", "scales") + (("tensor_scale",) if want.tensor_scale is not None else ())
+    pairs = [(got.codes, want.codes), (got.scales, want.scales), (got.tensor_scale, want.tensor_scale)]
     meta = [(name, getattr(got, name), getattr(want, name)) for name in ("axis", "shape", "tile_rows")]
-    if all(bits_equal(getattr(got, f), getattr(want, f)) for f in fields) and all(g == w for _, g, w in meta):
+    same_bytes = all(w is None or (g is not None and bits_equal(g, w)) for g, w in pairs)
+    if same_bytes and all(g == w for _, g, w in meta):
         return None
     parts = [f"{name} {g} / {w}" for name, g, w in meta]
     for f in ("codes", "scales"):
