@@ -28,9 +28,11 @@ def pow2(e):
 
 
 @triton.jit
-def _rounded_significand(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr):
+def _rounded_significand(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: tl.constexpr, SR: tl.constexpr,
+                         AS_INT: tl.constexpr = False):
     """(x's bits, f, r): with |x| saturated at MAX and f = max(floor_log2 |x|, EMIN), r is |x| in units of
-    2**(f - MBITS) rounded to an integer (RNE, or stochastic with the low 24 bits of ``rand``), as fp32."""
+    2**(f - MBITS) rounded to an integer (RNE, or stochastic with the low 24 bits of ``rand``), as fp32, or with
+    AS_INT as int32: RNE's then comes from the bits of the sum with 2**23 (r < 2**(MBITS + 1)), no conversion."""
     bits = x.to(tl.int32, bitcast=True)
     a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     a = tl.where(a > MAX, MAX, a)
@@ -40,8 +42,13 @@ def _rounded_significand(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: 
         lo = tl.floor(s)
         u = (rand & 0xFFFFFF).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
         r = lo + tl.where(u < s - lo, 1.0, 0.0)
+        if AS_INT:
+            r = r.to(tl.int32)
     else:
-        r = (s + MAGIC_RNE) - MAGIC_RNE
+        if AS_INT:
+            r = (s + MAGIC_RNE).to(tl.int32, bitcast=True) - 0x4B000000
+        else:
+            r = (s + MAGIC_RNE) - MAGIC_RNE
     return bits, f, r
 
 
@@ -62,8 +69,8 @@ def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl
     to the next binade carries into the exponent field, and below EMIN it is a subnormal's mantissa. The sign
     is x's (so -0 keeps it); NaN gives NAN_CODE."""
     SIGN: tl.constexpr = EBITS + MBITS
-    bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR)
-    code = (r.to(tl.int32) + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
+    bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR, True)
+    code = (r + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
     return tl.where(x != x, NAN_CODE, code)
 
 

@@ -37,8 +37,8 @@ AMAX_R = 64  # the amax pass's tile is AMAX_R x BLOCK_K (32 elements per thread)
 AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping over tiles
 # (BR, BK, warps) the quantize kernels are autotuned over on a GPU (tests/ptx_report.py compiles every config
 # and checks registers). The first three give each thread 8 elements; the last three 32, which spreads each
-# program's fixed work (indices, the tensor scales' divisions) over 4x the elements: 35 sm_90 instructions
-# per element instead of 56 for the row quantizers. Not yet timed or checked on a GPU
+# program's fixed work (indices, the tensor scales' divisions) over 4x the elements: 33 sm_90 instructions
+# per element instead of 54 for the NVFP4 row quantizer. Not yet timed or checked on a GPU
 # (tests/test_gpu_quantize.py forces every config against the reference), so column copies leave them out until
 # one has (``_strided_reads_keep_checked_tiles``). The key holds the block axis's stride, so a square
 # tensor's rows and columns (read down a strided dim) are tuned apart.
