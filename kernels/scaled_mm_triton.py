@@ -20,6 +20,7 @@ BLOCK_M = 32
 BLOCK_N = 32
 BLOCK_K = 64
 DOT_FP32, DOT_BF16, DOT_BF16_IN_FP32 = 0, 1, 2  # how tiles are multiplied (the last: the interpreter's bf16)
+GROUP_M = tl.constexpr(8)  # output tile rows a band of programs covers (``grouped_tile``)
 
 
 @triton.jit
@@ -120,6 +121,18 @@ def accumulate(acc, a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """First row and column of program ``pid``'s output tile, programs ordered GROUP_M tile rows at a time down
+    each tile column (a band of A and a tile column of B stay in L2 together), not one whole tile row after
+    another."""
+    grid_m, grid_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    band = GROUP_M * grid_n
+    first_m = pid // band * GROUP_M
+    rows = tl.minimum(grid_m - first_m, GROUP_M)
+    return (first_m + pid % band % rows) * BM, pid % band // rows * BN
+
+
+@triton.jit
 def scaled_mm_kernel(
     a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, flag_ptr, M, N, K,
     A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
@@ -133,7 +146,7 @@ def scaled_mm_kernel(
     if GUARDED:
         run = tl.load(flag_ptr)
     if run != 0:
-        m0, n0 = tl.program_id(0) * BM, tl.program_id(1) * BN
+        m0, n0 = grouped_tile(tl.program_id(0), M, N, BM, BN)
         ac, asc = from_row(a_codes, a_scales, m0, K, A_KIND, 1)  # tiles index their rows from 0
         bc, bsc = from_row(b_codes, b_scales, n0, K, B_KIND, B_TILE_ROWS)
         local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
@@ -176,7 +189,7 @@ def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Ten
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     bm, bn, bk = blocks
-    scaled_mm_kernel[(cdiv(m, bm), cdiv(n, bn))](
+    scaled_mm_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
         *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, flag if flag is not None else out, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
         HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot,
