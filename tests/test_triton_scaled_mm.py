@@ -11,7 +11,7 @@ from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode, unpack_nibbles
 from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
-from autoprec.kernels.scaled_mm_triton import scaled_mm_triton
+from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch, scaled_mm_triton
 
 from helpers import to_device
 
@@ -65,6 +65,19 @@ def test_bf16_equals_torch(kernel):
     x, w = torch.randn(32, 64, generator=gen).bfloat16(), torch.randn(64, 32, generator=gen).bfloat16()
     got = run(kernel, x.to(DEVICE), w.to(DEVICE), None, torch.bfloat16)
     assert torch.allclose(got.float(), (x @ w).float(), rtol=2**-7)
+
+
+def test_programs_cover_every_output_tile():
+    """The kernel's programs run in bands of GROUP_M tile rows down each tile column: on a grid of 10 x 3 tiles (a
+    full band and a partial one) every tile of an output filled with NaN first is written, as the reference."""
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(300, 64, generator=gen), torch.randn(64, 70, generator=gen)
+    qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
+    out = torch.full((300, 70), float("nan"), device=DEVICE)
+    launch((32, 32, 64), as_operand(to_device(qa, DEVICE), 1, "a"), as_operand(to_device(qb, DEVICE), 0, "b"), None,
+           torch.float32, DOT_FP32, out=out)
+    want = qmm_ref(a, b, "mxfp8", "mxfp8")
+    assert torch.allclose(out.cpu(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 def test_nan_block_propagates(kernel):
