@@ -22,7 +22,6 @@ Two ways to run each, as for the dense GEMM:
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import partial
 
@@ -36,10 +35,9 @@ from autoprec.kernels.operand import KIND_MXFP8, KIND_NVFP4, Operand, kernel_arg
 from autoprec.kernels.scaled_mm_decoded import decode_bf16
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 from autoprec.kernels.scaled_mm_triton import (
-    DOT_BF16,
-    DOT_BF16_IN_FP32,
     DOT_FP32,
     accumulate,
+    bf16_dot,
     decode_tile,
     dot_operand,
     from_row,
@@ -223,11 +221,6 @@ def launch_wgrad(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.
 
 def _tensor_scales(op: Operand) -> torch.Tensor | None:
     return op.tensor_scale if op.kind == KIND_NVFP4 else None
-
-
-def bf16_dot() -> int:
-    """The tensor-core dot, or in the interpreter (whose dot reads bf16 as integers) the same values in fp32."""
-    return DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
 
 
 def _in_registers(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch.Tensor:

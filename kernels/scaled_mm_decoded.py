@@ -25,9 +25,8 @@ import triton.language as tl
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
 from autoprec.kernels.scaled_mm_triton import (
-    DOT_BF16,
-    DOT_BF16_IN_FP32,
     apply_tensor_scales,
+    bf16_dot,
     decode_tile,
     from_row,
     launch,
@@ -101,12 +100,14 @@ def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked. Nothing is read back to the host:
-    with an MXFP8 operand, the decode flags values that bf16 does not hold exactly (scale exponents near E8M0's
-    ends) on the device, and the fp32 kernel then recomputes the product in place, its programs returning at
-    once when the flag is clear."""
-    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
-    da, db = decode_bf16(a, flag), decode_bf16(b, flag)
+    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked. Nothing is read back to the host
+    (values bf16 does not hold, MXFP8 scale exponents near E8M0's ends, are found on the device: ``_exact``)."""
+    return _exact(a, b, bias, out_dtype, lambda da, db: _cublas(a, b, da, db, bias, out_dtype))
+
+
+def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """cuBLAS's product of the decoded ``da``, ``db`` and the epilogue pass (tensor scales of ``a``, ``b``, bias)."""
     if (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16
             and not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction):
         out = torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
@@ -120,8 +121,6 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
                                out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
                                HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
                                BN=EPILOGUE_N)
-    if flag is not None:
-        scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)
     return out
 
 
@@ -131,10 +130,16 @@ def scaled_mm_decoded_triton(a: Operand, b: Operand, bias: torch.Tensor | None, 
     """``scaled_mm_decoded``'s product with Triton's bf16 tensor-core GEMM over the decoded operands (tile
     ``blocks``, launch options ``num_warps`` and ``num_stages``), the NVFP4 tensor scales, bias and rounding
     applied to its fp32 accumulator in registers; values bf16 does not hold recomputed as there."""
+    return _exact(a, b, bias, out_dtype, lambda da, db: launch(blocks, decoded(a, da), decoded(b, db), bias, out_dtype,
+                                                               bf16_dot(), num_warps=num_warps, num_stages=num_stages))
+
+
+def _exact(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, product) -> torch.Tensor:
+    """``product`` of the operands decoded to bf16 (a function of the two decoded tensors), made exact: with an
+    MXFP8 operand the decode flags on the device any value bf16 does not hold, and the fp32 kernel then recomputes
+    the product in place (its programs return at once while the flag is clear)."""
     flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
-    da, db = decoded(a, decode_bf16(a, flag)), decoded(b, decode_bf16(b, flag))
-    dot = DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
-    out = launch(blocks, da, db, bias, out_dtype, dot, num_warps=num_warps, num_stages=num_stages)
+    out = product(decode_bf16(a, flag), decode_bf16(b, flag))
     if flag is not None:
         scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)
     return out

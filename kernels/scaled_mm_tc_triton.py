@@ -11,12 +11,10 @@ equals the reference up to fp32 accumulation order.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from autoprec.kernels.operand import Operand
-from autoprec.kernels.scaled_mm_triton import DOT_BF16, DOT_BF16_IN_FP32, launch
+from autoprec.kernels.scaled_mm_triton import bf16_dot, launch
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -48,5 +46,5 @@ def exact_decode_problem(op: Operand) -> str | None:
 def scaled_mm_tc_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype`` on tensor cores; operands already checked, and
     ``exact_decode_problem`` is None for both."""
-    dot = DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
-    return launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, dot, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return launch((BLOCK_M, BLOCK_N, BLOCK_K), a, b, bias, out_dtype, bf16_dot(), num_warps=NUM_WARPS,
+                  num_stages=NUM_STAGES)

@@ -8,6 +8,8 @@ bfloat16). ``tl.dot_scaled`` is not used: no Blackwell part was available to ver
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,11 @@ BLOCK_N = 32
 BLOCK_K = 64
 DOT_FP32, DOT_BF16, DOT_BF16_IN_FP32 = 0, 1, 2  # how tiles are multiplied (the last: the interpreter's bf16)
 GROUP_M = tl.constexpr(8)  # output tile rows a band of programs covers (``grouped_tile``)
+
+
+def bf16_dot() -> int:
+    """The tensor-core dot, or in the interpreter (whose dot reads bf16 as integers) the same values in fp32."""
+    return DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
 
 
 @triton.jit
