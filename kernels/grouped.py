@@ -144,9 +144,10 @@ def grouped_mm(
                 out[slot] = torch.mm(ag.to(wide), bg.to(wide))
         return out
     step = int(step)  # the per-group quantizations' SR streams, made on the host
+    f = get_format(fmt)
     quantized = []
     for g, slot, ag, bg in groups:
-        k = grouped_dispatch.whole_blocks(ag.shape[1], get_format(fmt))  # each group's reduction, to whole blocks
+        k = grouped_dispatch.whole_blocks(ag.shape[1], f)  # each group's reduction, to whole blocks
         ag, bg = grouped_dispatch.zero_padded(ag, 1, k), grouped_dispatch.zero_padded(bg, 0, k)
         qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
