@@ -173,35 +173,42 @@ def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     from autoprec.kernels import quantize
     from autoprec.kernels.operand import as_operand
     from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
-    from autoprec.kernels.scaled_mm_triton import DOT_BF16, launch
+    from autoprec.kernels.scaled_mm_triton import bf16_dot, launch
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
     w = torch.randn(k, n, device=rig.device, dtype=torch.bfloat16)
     ms_bf16 = rig.bench(lambda: x @ w)
     print(f"\n{f'tile sweep {m}x{n}x{k}':<28}{'ms':>9}{'TFLOP/s':>9}{'x torch':>8}{'% peak':>8}")
+    gemms = [  # (name tag, tiles, GEMM of (oa, ob, blocks, launch options)): in-register, then decoded operands
+        ("", SWEEP, lambda oa, ob, blocks, **opts: launch(blocks, oa, ob, None, torch.bfloat16, bf16_dot(), **opts)),
+        ("dec ", DECODED_SWEEP, lambda oa, ob, blocks, **opts: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16,
+                                                                                        blocks=blocks, **opts))]
     for fmt in ("nvfp4", "mxfp8"):
         oa, ob = as_operand(quantize(x, fmt, 1), 1, "a"), as_operand(quantize(w, fmt, 0), 0, "b")
-        for bm, bn, bk, warps, stages in SWEEP:
-            name = f"{fmt} {bm}x{bn}x{bk} w{warps} s{stages}"
-            try:
-                row(rig, name, lambda: launch((bm, bn, bk), oa, ob, None, torch.bfloat16, DOT_BF16, num_warps=warps,
-                                         num_stages=stages), 2 * m * n * k, ms_bf16, peak)
-            except Exception as e:  # a tile that does not fit (shared memory, registers) is reported
-                print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
-        for bm, bn, bk, warps, stages in DECODED_SWEEP:
-            name = f"{fmt} dec {bm}x{bn}x{bk} w{warps} s{stages}"
-            try:
-                row(rig, name, lambda: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16, blocks=(bm, bn, bk),
-                                                                num_warps=warps, num_stages=stages),
-                    2 * m * n * k, ms_bf16, peak)
-            except Exception as e:
-                print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
+        for tag, tiles, gemm in gemms:
+            for bm, bn, bk, warps, stages in tiles:
+                name = f"{fmt} {tag}{bm}x{bn}x{bk} w{warps} s{stages}"
+                try:
+                    row(rig, name, lambda: gemm(oa, ob, (bm, bn, bk), num_warps=warps, num_stages=stages),
+                        2 * m * n * k, ms_bf16, peak)
+                except Exception as e:  # a tile that does not fit (shared memory, registers) is reported
+                    print(f"{name:<28}  failed: {str(e).splitlines()[0][:80]}")
 
 
 def row(rig: Rig, name: str, fn, flops: int, ms_bf16: float, peak: float, note: str = "") -> None:
     ms = rig.bench(fn)
     tf = flops / ms / 1e9
     print(f"{name:<28}{ms:>9.3f}{tf:>9.0f}{ms_bf16 / ms:>8.2f}{100 * tf / peak:>7.0f}%{note}")
+
+
+def expert_operands(rig: Rig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An experts fprop's operands at the rig's sizes: bf16 tokens (T, K), expert weights (E, K, N), and the
+    groups' cumulative ends (tokens split evenly)."""
+    experts, tokens, width = rig.experts, rig.tokens, rig.width
+    x = torch.randn(tokens, width, device=rig.device, dtype=torch.bfloat16)
+    w = torch.randn(experts, width, width, device=rig.device, dtype=torch.bfloat16) * 0.02
+    offs = torch.arange(1, experts + 1, device=rig.device, dtype=torch.int32) * (tokens // experts)
+    return x, w, offs
 
 
 def grouped(rig: Rig, peak: float) -> None:
@@ -219,10 +226,8 @@ def grouped(rig: Rig, peak: float) -> None:
     from autoprec.kernels.grouped_route import grouped_route
 
     experts, tokens, k, n = rig.experts, rig.tokens, rig.width, rig.width
-    x = torch.randn(tokens, k, device=rig.device, dtype=torch.bfloat16)
-    w = torch.randn(experts, k, n, device=rig.device, dtype=torch.bfloat16) * 0.02
+    x, w, offs = expert_operands(rig)
     dy = torch.randn(tokens, n, device=rig.device, dtype=torch.bfloat16)
-    offs = torch.arange(1, experts + 1, device=rig.device, dtype=torch.int32) * (tokens // experts)
     flops = 2 * tokens * k * n
     for role, layout, a, b in (("fprop", "2d3d", x, w), ("wgrad", "2d2d", x.t(), dy)):
         print(f"\n{'grouped ' + role + ' ' + str(experts) + 'x' + str(tokens // experts):<28}"
@@ -285,10 +290,8 @@ def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
     from autoprec.kernels.grouped_dispatch import quantize_batches, quantize_row_groups
     from autoprec.kernels.random_bits import group_seed, sr_stream
 
-    experts, tokens, k, n = rig.experts, rig.tokens, rig.width, rig.width
-    x = torch.randn(tokens, k, device=rig.device, dtype=torch.bfloat16)
-    w = torch.randn(experts, k, n, device=rig.device, dtype=torch.bfloat16) * 0.02
-    offs = torch.arange(1, experts + 1, device=rig.device, dtype=torch.int32) * (tokens // experts)
+    experts, tokens = rig.experts, rig.tokens
+    x, w, offs = expert_operands(rig)
     bounds = [(g * (tokens // experts), (g + 1) * (tokens // experts)) for g in range(experts)]
     step = torch.tensor(1, device=rig.device)
     print(f"\n{'grouped quantize, ' + str(experts) + ' experts':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}")
