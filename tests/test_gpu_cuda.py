@@ -19,6 +19,13 @@ from helpers import to_device
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def assert_matches_reference(got: torch.Tensor, want: torch.Tensor, out_dtype: torch.dtype) -> None:
+    """A GPU product in ``out_dtype`` equals the reference's fp32 one up to accumulation order (and bf16's rounding)."""
+    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
+    assert got.dtype == out_dtype
+    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
 @pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("mxfp8", "nvfp4"), ("mxfp8", "mxfp8_e5m2")])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
@@ -32,9 +39,7 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
     got = dispatch.scaled_mm(ga, gb, bias.cuda(), out_dtype).cpu()
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb, bias, torch.float32)
-    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
-    assert got.dtype == out_dtype
-    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+    assert_matches_reference(got, want, out_dtype)
 
 
 @pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("mxfp8", "nvfp4")])
@@ -48,9 +53,7 @@ def test_gpu_triton_gemm_over_decoded_operands_matches_reference(fa, fb, out_dty
     oa, ob = as_operand(to_device(qa, "cuda"), 1, "a"), as_operand(to_device(qb, "cuda"), 0, "b")
     got = scaled_mm_decoded_triton(oa, ob, bias.cuda(), out_dtype).cpu()
     want = dispatch.reference_scaled_mm(qa, qb, bias, torch.float32)
-    tol = 2**-8 if out_dtype == torch.bfloat16 else 1e-5
-    assert got.dtype == out_dtype
-    assert torch.allclose(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
+    assert_matches_reference(got, want, out_dtype)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", None])
