@@ -5,7 +5,15 @@ import re
 
 import torch
 
-from autoprec.model_plan import STATES, defer_state, planned_module_ids, planned_weight_ids, plans_of
+from autoprec.model_plan import (
+    STATES,
+    compiled_regions,
+    defer_state,
+    named_modules,
+    planned_module_ids,
+    planned_weight_ids,
+    plans_of,
+)
 from autoprec.overrides import annotated_modules
 from autoprec.plan import Plan
 
@@ -32,17 +40,23 @@ def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
     seen = state.param_names if state is not None else set()
     weights = state.weight_names if state is not None else set()
     result.not_compiled = [
-        name for name, m in root.named_modules()
+        name for name, m in named_modules(root, remove_duplicate=True)
         if (isinstance(m, torch.nn.Linear) and _full(name, "weight") not in weights)
         or any(p.ndim >= 2 and _full(name, pn) not in seen for pn, p in m.named_parameters(recurse=False))
     ]
     eager = set(result.not_compiled)
+    regions = compiled_regions(root)
+    outside = [n for n in result.not_compiled if regions and not any(_inside(n, r) for r in regions)]
     result.unplanned_params = [
-        (_full(name, pn), EAGER_WHY if name in eager else _why_unplanned(state, _full(name, pn)))
-        for name, m in root.named_modules()
+        (_full(name, pn), OUTSIDE_WHY if name in outside else EAGER_WHY if name in eager
+         else _why_unplanned(state, _full(name, pn)))
+        for name, m in named_modules(root, remove_duplicate=True)
         for pn, p in m.named_parameters(recurse=False)
         if p.ndim >= 2 and _full(name, pn) not in weights and (name in eager or _full(name, pn) in seen)
     ]
+    if outside:
+        result.notes.append(f"regional compilation: {len(regions)} compiled modules ({_listed(regions)}); "
+                            f"{', '.join(outside)} run outside the compiled modules, eagerly")
     if result.not_compiled and reasons:
         result.notes += [f"dynamo ran code eagerly: {r}" for r in reasons]
     result.notes += _annotation_notes(root)
@@ -50,6 +64,15 @@ def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
 
 
 EAGER_WHY = "ran eagerly (after a graph break or in a skipped frame): its GEMMs are not seen"
+OUTSIDE_WHY = "outside the compiled modules (regional compilation): its GEMMs are not seen"
+
+
+def _inside(name: str, region: str) -> bool:
+    return name == region or name.startswith(region + ".")
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f", ... {len(names) - most} more" if len(names) > most else "")
 
 
 def _why_unplanned(state, name: str) -> str:
@@ -112,7 +135,7 @@ def dynamo_fallback_reasons() -> list[str]:
 def _annotation_notes(root: torch.nn.Module) -> list[str]:
     """Annotations on this model's modules that no planned GEMM ran in, and annotations on modules that
     belong to no compiled model at all: both were ignored."""
-    modules = {str(id(m)): name for name, m in root.named_modules(remove_duplicate=False)}
+    modules = {str(id(m)): name for name, m in named_modules(root)}
     planned, weights = planned_module_ids(), planned_weight_ids()
     compiled_roots = [s.model for s in STATES if s.model is not None]
     notes = []

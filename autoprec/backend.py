@@ -26,7 +26,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 
 from autoprec.cost import device_note
-from autoprec.model_plan import ModelPlan, find_root, frame_prefix, plan_for
+from autoprec.model_plan import ModelPlan, find_root, frame_prefix, named_modules, named_parameters, plan_for
 from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
 from autoprec.passes.classify_roles import classify_roles
@@ -66,14 +66,14 @@ class _Variant:
                                torch.cuda.get_device_name(device))
             self.state.device_notes.update([note] if note else [])
         aliases: dict[int, list[str]] = {}  # tied parameters have several names
-        for n, p in (root.named_parameters(remove_duplicate=False) if root is not None else ()):
+        for n, p in (named_parameters(root) if root is not None else ()):
             aliases.setdefault(id(p), []).append(n)
         self.param_names = {id(p): aliases[id(p)] for p in params if id(p) in aliases}
         for names in self.param_names.values():
             self.state.param_names.update(names)
         self.prefix = frame_prefix(aliases, [(s, a) for s, a in zip(owner.sources, args)
                                              if isinstance(a, torch.nn.Parameter)])
-        self.module_names = {str(id(m)): n for n, m in root.named_modules(remove_duplicate=False)} if root else {}
+        self.module_names = {str(id(m)): n for n, m in named_modules(root)} if root else {}
         self.label: str | None = None
         self.calibrating_fn: Callable | None = None
         # the planned function of each (re-calibration, schedule phase), compiled on first need

@@ -15,6 +15,7 @@ import weakref
 from dataclasses import replace
 
 import torch
+from torch._dynamo.eval_frame import OptimizedModule
 
 from autoprec.at_scale import SOURCES, ReferenceShapes
 from autoprec.options import CompileOptions
@@ -34,33 +35,87 @@ def _live_modules() -> list[torch.nn.Module]:
 
 def _compiled_roots(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
     """Modules handed to torch.compile (``torch.compile(m)`` or ``m.compile()``) that are alive now."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    for m in modules:
-        if isinstance(m, OptimizedModule):
-            _KNOWN_ROOTS.add(m._orig_mod)
-        elif m.__dict__.get("_compiled_call_impl") is not None:
-            _KNOWN_ROOTS.add(m)
+    _KNOWN_ROOTS.update(c for c in map(_compiled, modules) if c is not None)
     return list(_KNOWN_ROOTS)
+
+
+def _compiled(m: torch.nn.Module) -> torch.nn.Module | None:
+    """The module ``m`` compiles: the one it wraps (``torch.compile(m)``), itself (``m.compile()``), or None."""
+    if isinstance(m, OptimizedModule):
+        return m._orig_mod
+    return m if m.__dict__.get("_compiled_call_impl") is not None else None
+
+
+def compiled_regions(root: torch.nn.Module) -> list[str]:
+    """Names of the compiled modules inside ``root``, ``root`` excluded (regional compilation)."""
+    return list(dict.fromkeys(_unwrapped(n) for n, m in root.named_modules()
+                              if _compiled(m) is not None and _compiled(m) is not root))
+
+
+def _parents(modules: list[torch.nn.Module]) -> dict[int, torch.nn.Module]:
+    """id(child) -> its parent, over the live module trees."""
+    return {id(c): m for m in modules for c in m._modules.values() if c is not None}
+
+
+def _ancestors(parent: dict[int, torch.nn.Module], module: torch.nn.Module) -> list[torch.nn.Module]:
+    """``module``'s parent, its parent's parent, ... up to the top of its tree."""
+    out = []
+    while id(module) in parent:
+        module = parent[id(module)]
+        out.append(module)
+    return out
 
 
 def _outermost_owner(modules: list[torch.nn.Module], ids: set[int]) -> torch.nn.Module | None:
     """The top of the module tree that holds one of the parameters ``ids`` (for a compiled function or
     bound method, e.g. ``torch.compile(model.forward)``, whose module was not itself compiled)."""
-    parent = {id(c): m for m in modules for c in m._modules.values() if c is not None}
     owner = next((m for m in modules if any(id(p) in ids for p in m._parameters.values())), None)
-    while owner is not None and id(owner) in parent:
-        owner = parent[id(owner)]
-    return owner
+    return ([owner] + _ancestors(_parents(modules), owner))[-1] if owner is not None else None
+
+
+def _regional_model(modules: list[torch.nn.Module], compiled: list[torch.nn.Module],
+                    region: torch.nn.Module) -> torch.nn.Module:
+    """The model a compiled module belongs to. Under regional compilation (several compiled modules of one
+    tree, none inside another: torchtitan compiles each block) that is the tree's top, less the wrappers
+    above the model that hold nothing else (DDP's ``module``); otherwise the compiled module itself."""
+    above = _ancestors(_parents(modules), region)
+    if not above:
+        return region
+    tree = {id(m) for m in above[-1].modules()}
+    inside = {id(m) for m in region.modules()} | {id(m) for m in above}
+    if not any(id(c) in tree and id(c) not in inside for c in compiled):
+        return region
+    top = above[-1]
+    while len(top._modules) == 1 and not top._parameters and not top._buffers and top is not region:
+        top = next(iter(top._modules.values()))
+    return top
+
+
+def named_parameters(root: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``root.named_parameters`` with duplicates (tied weights), named without torch.compile's ``_orig_mod``
+    (a compiled block inside the model: ``layers.0._orig_mod.attn.weight`` is ``layers.0.attn.weight``)."""
+    return [(_unwrapped(n), p) for n, p in root.named_parameters(remove_duplicate=False)]
+
+
+def named_modules(root: torch.nn.Module, remove_duplicate: bool = False) -> list[tuple[str, torch.nn.Module]]:
+    """``root.named_modules``, named as ``named_parameters`` names them (a compiled block once: the
+    OptimizedModule and the block it wraps share a name)."""
+    named = [(_unwrapped(n), m) for n, m in root.named_modules(remove_duplicate=remove_duplicate)]
+    return [(n, m) for n, m in named if not isinstance(m, OptimizedModule)]
+
+
+def _unwrapped(name: str) -> str:
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
 
 
 def _param_names(root: torch.nn.Module) -> dict[int, str]:
-    return {id(p): n for n, p in root.named_parameters(remove_duplicate=False)}
+    return {id(p): n for n, p in named_parameters(root)}
 
 
 def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
-    """The outermost compiled module holding ``params``; failing that, the top of the module tree that
-    holds them; None for parameters that belong to no module."""
+    """The model of ``params``: the outermost compiled module holding them (under regional compilation, the
+    model it is part of); failing that, the top of the module tree that holds them; None for parameters
+    that belong to no module."""
     if not params:
         return None
     ids = {id(p) for p in params}
@@ -68,17 +123,19 @@ def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
     def holders(roots):
         return [r for r in roots if ids & _param_names(r).keys()]
 
+    def largest(found):
+        return max(found, key=lambda r: sum(1 for _ in r.modules()))
+
     found = holders(list(_KNOWN_ROOTS))
-    if not found:
-        modules = _live_modules()
-        found = holders(_compiled_roots(modules))
-        if not found:
-            owner = _outermost_owner(modules, ids)
-            if owner is None:
-                return None
-            _KNOWN_ROOTS.add(owner)
-            found = [owner]
-    return max(found, key=lambda r: sum(1 for _ in r.modules()))
+    if found:
+        return largest(found)
+    modules = _live_modules()
+    compiled = _compiled_roots(modules)
+    found = holders(compiled)
+    root = _regional_model(modules, compiled, largest(found)) if found else _outermost_owner(modules, ids)
+    if root is not None:
+        _KNOWN_ROOTS.add(root)
+    return root
 
 
 def source_path(source: str) -> str | None:
@@ -139,7 +196,7 @@ class ModelPlan:
         self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto or recalibrates else None
         self.fixed = not auto
         self.recalibrated: list[int] = []  # training steps after which re-calibrations began (recalibrate_every)
-        self._module_names = [n for n, _ in root.named_modules()] if root is not None else None
+        self._module_names = [n for n, _ in named_modules(root, remove_duplicate=True)] if root is not None else None
         self._assigner = Assigner(opts, self.calibration, self._module_names) if root is not None else None
 
     @property

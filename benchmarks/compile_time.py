@@ -4,7 +4,9 @@
 
 Each backend starts from a fresh dynamo cache on the same 12-layer GPT. Three calls are timed: the
 first compiles; with recipe ``auto`` it also calibrates, and the second call compiles the rewritten
-graphs; the third is a steady step.
+graphs; the third is a steady step. "per block" rows compile each block on its own (regional compilation,
+as torchtitan does; the embeddings and the head run eagerly): dynamo traces the block once, and autoprec
+still compiles each block's graph, with its own GEMM keys and SR seeds.
 """
 from __future__ import annotations
 
@@ -25,11 +27,16 @@ import torch
 from gpt_model import TinyGPT, tokens
 
 
-def call_times(backend: str, options: dict | None, args) -> list[float]:
+def call_times(backend: str, options: dict | None, regional: bool, args) -> list[float]:
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = TinyGPT(vocab=256, d=args.d, layers=args.layers, heads=4, ctx=args.ctx)
-    compiled = torch.compile(model, backend=backend, options=options)
+    if regional:  # torchtitan's way: each block compiled alone, the embeddings and head eager
+        for block in model.blocks:
+            block.compile(backend=backend, options=options)
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend=backend, options=options)
     idx, tgt = tokens(batch=4, ctx=args.ctx, vocab=256)
     times = []
     for _ in range(3):
@@ -46,17 +53,19 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=64)
     args = parser.parse_args()
     runs = [
-        ("aot_eager", "aot_eager", None),
-        ("inductor", "inductor", None),
-        ("autoprec nvfp4", "autoprec", {"recipe": "nvfp4"}),
-        ("autoprec auto", "autoprec", {"recipe": "auto"}),
-        ("autoprec mxfp8 + inductor", "autoprec", {"recipe": "mxfp8", "inner": "inductor"}),
+        ("aot_eager", "aot_eager", None, False),
+        ("inductor", "inductor", None, False),
+        ("autoprec nvfp4", "autoprec", {"recipe": "nvfp4"}, False),
+        ("autoprec auto", "autoprec", {"recipe": "auto"}, False),
+        ("autoprec mxfp8 + inductor", "autoprec", {"recipe": "mxfp8", "inner": "inductor"}, False),
+        ("inductor, per block", "inductor", None, True),
+        ("autoprec auto, per block", "autoprec", {"recipe": "auto"}, True),
     ]
     print(f"GPT {args.layers} layers, d={args.d}, ctx={args.ctx}, batch 4; torch {torch.__version__}")
     print(f"{'backend':<28}{'call 1 s':>10}{'call 2 s':>10}{'call 3 s':>10}{'(1+2) / aot_eager':>19}")
     base = None
-    for name, backend, options in runs:
-        t = call_times(backend, options, args)
+    for name, backend, options, regional in runs:
+        t = call_times(backend, options, regional, args)
         base = base or t[0] + t[1]
         print(f"{name:<28}{t[0]:>10.2f}{t[1]:>10.2f}{t[2]:>10.3f}{(t[0] + t[1]) / base:>19.2f}")
 

@@ -1,0 +1,84 @@
+"""Regional compilation (each block compiled on its own, as torchtitan does): one plan for the whole model,
+with the model's names, its overrides, one calibration, and the numerics of compiling the model whole."""
+import pytest
+import torch
+
+import autoprec
+from autoprec.model_plan import plans_of
+
+from gpt_model import TinyGPT, tokens
+from helpers import bits_equal
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def gpt(**kw) -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(vocab=64, d=64, layers=3, heads=2, ctx=16, **kw)
+
+
+def compile_blocks(blocks: torch.nn.ModuleList | torch.nn.Sequential, how: str, options: dict) -> None:
+    """``wrap``: torchtitan's ``register_module(i, torch.compile(block))``; ``in_place``: ``block.compile()``."""
+    for i, block in enumerate(blocks):
+        if how == "wrap":
+            blocks.register_module(str(i), torch.compile(block, backend="autoprec", options=options))
+        else:
+            block.compile(backend="autoprec", options=options)
+
+
+@pytest.mark.parametrize("how", ["wrap", "in_place"])
+def test_compiled_blocks_share_one_plan_named_from_the_model(how):
+    m = gpt()
+    compile_blocks(m.blocks, how, {"recipe": "nvfp4", "overrides": {"blocks.0.*": "bf16"}})
+    m(*tokens(batch=2, ctx=16, vocab=64)).backward()
+    plan = autoprec.plan(m)
+    assert len(plans_of(m)) == 1
+    keys = [d.key for d in plan.decisions]
+    assert len(keys) == len(set(keys))
+    assert {d.module for d in plan.decisions if d.module.endswith(".attn.qkv")} == {f"blocks.{i}.attn.qkv"
+                                                                                   for i in range(3)}
+    assert all(d.fmt == ("bf16" if d.module.startswith("blocks.0.") else "nvfp4") for d in plan.decisions)
+    assert set(plan.not_compiled) == {"wte", "wpe", "lm_head"}  # outside the compiled blocks, and said so
+    assert "outside the compiled modules" in str(plan)
+
+
+def test_an_override_naming_no_module_of_the_model_fails_by_name():
+    m = gpt()
+    compile_blocks(m.blocks, "in_place", {"recipe": "nvfp4", "overrides": {"attn.qkv": "bf16"}})
+    with pytest.raises(Exception, match="overrides: .attn.qkv. matches no module of this model; closest: blocks"):
+        m(*tokens(batch=2, ctx=16, vocab=64)).backward()
+
+
+def test_compiled_blocks_compute_what_the_model_compiled_whole_computes():
+    """Blocks compiled one by one and the same blocks compiled as one model run the same plan, bit for bit."""
+    x = torch.randn(2, 16, 64)
+    runs = []
+    for regional in (False, True):
+        torch._dynamo.reset()
+        blocks = torch.nn.Sequential(*gpt().blocks)
+        if regional:
+            compile_blocks(blocks, "wrap", {"recipe": "nvfp4"})
+            fn = blocks
+        else:
+            fn = torch.compile(blocks, backend="autoprec", options={"recipe": "nvfp4"})
+        xi = x.clone().requires_grad_()
+        out = fn(xi)
+        out.square().mean().backward()
+        plan = autoprec.plan(blocks)
+        runs.append((out, xi.grad, [p.grad for p in blocks.parameters()], [(d.key, d.fmt) for d in plan.decisions]))
+    (out0, gx0, gp0, plan0), (out1, gx1, gp1, plan1) = runs
+    assert sorted(plan0) == sorted(plan1)
+    assert bits_equal(out0, out1) and bits_equal(gx0, gx1)
+    assert all(bits_equal(a, b) for a, b in zip(gp0, gp1))
+
+
+def test_auto_calibrates_every_compiled_block_into_one_plan(tmp_path):
+    m = gpt()
+    compile_blocks(m.blocks, "wrap", {"recipe": "auto"})
+    for _ in range(2):
+        m(*tokens(batch=4, ctx=16, vocab=64)).backward()
+    plan = autoprec.plan(m)
+    assert {d.module.split(".")[1] for d in plan.decisions} == {"0", "1", "2"}
+    assert all(d.err is not None and d.reason.startswith("auto (") for d in plan.decisions)
+    state = autoprec.state_dict(m)
+    assert state["plan"] is not None and state["calls"] > 0
