@@ -1,5 +1,6 @@
 """A 2-rank training run on CPU (gloo) for the distributed tests: DDP (of the GPT, or of its MoE variant)
-or FSDP2, recipe auto, each rank on its own data. Each rank saves its plan rows, its plan's eager list
+or FSDP2 (of the model, of each block too, or of each block compiled on its own as torchtitan does), recipe
+auto, each rank on its own data. Each rank saves its plan rows, its plan's eager list
 and its final parameters."""
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ def worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     else:
         from torch.distributed.fsdp import fully_shard
 
-        if mode == "fsdp_blocks":
+        if mode == "fsdp_regional":  # torchtitan: each block compiled, then sharded; the model sharded
+            for i, block in enumerate(model.blocks):
+                model.blocks.register_module(str(i), torch.compile(block, backend="autoprec"))
+        if mode in ("fsdp_blocks", "fsdp_regional"):
             for block in model.blocks:
                 fully_shard(block)
         wrapped = fully_shard(model)
-    compiled = torch.compile(wrapped, backend="autoprec")
+    compiled = wrapped if mode == "fsdp_regional" else torch.compile(wrapped, backend="autoprec")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
         opt.zero_grad()

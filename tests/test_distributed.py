@@ -42,6 +42,16 @@ def test_fsdp_per_block_sharding(tmp_path):
     assert a["eager"] == ["wte", "wpe", "lm_head"] and any("frame skipped" in n for n in a["notes"])
 
 
+def test_fsdp_sharded_blocks_compiled_on_their_own_share_one_plan(tmp_path):
+    """torchtitan's setup: each block compiled alone, then sharded, the model sharded, nothing else compiled.
+    The ranks merge every block's measurements into one plan of the model, named from it."""
+    a, b = run("fsdp_regional", tmp_path)
+    assert a["rows"] == b["rows"] and len(a["rows"]) == 36
+    assert {r[0][0] for r in a["rows"]} >= {"blocks.0.attn.qkv", "blocks.1.mlp.fc2"}
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    assert a["eager"] == ["wte", "wpe", "lm_head"] and any("regional compilation" in n for n in a["notes"])
+
+
 def test_moe_ranks_share_token_counts(tmp_path):
     """Each rank routes its own tokens: the per-expert counts the cost model uses are merged like the
     scores, so both ranks cost, solve and run the same plan."""
