@@ -263,7 +263,8 @@ class Plan:
         console.print(table)
         lines = [console.export_text().rstrip(), self.summary(), *self.schedule]
         if self.not_compiled:
-            lines.append("ran outside autoprec (eager, e.g. after a graph break): " + ", ".join(self.not_compiled))
+            lines.append("ran outside autoprec (eagerly: after a graph break, in a skipped frame or outside the "
+                         "compiled modules): " + ", ".join(self.not_compiled))
         lines += self.experts_lines()
         if self.unplanned_params:
             lines.append("parameters no planned GEMM reads: "

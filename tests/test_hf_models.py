@@ -67,3 +67,17 @@ def test_trainer_backend_option_is_rejected_by_accelerate(tmp_path):
                                           torch_compile=True, torch_compile_backend="autoprec")
     with pytest.raises(ValueError, match="not a valid DynamoBackend"):
         transformers.Trainer(model=gpt2(), args=args)
+
+
+def test_gpt2_blocks_compiled_on_their_own_plan_the_model():
+    """Each decoder layer compiled alone (``layer.compile``): one plan, named from the model, overridable
+    by those names; the embeddings and head are listed as outside the compiled modules."""
+    m = gpt2()
+    for layer in m.transformer.h:
+        layer.compile(backend="autoprec", options={"recipe": "nvfp4", "overrides": {"transformer.h.0.mlp.*": "bf16"}})
+    steps(m)
+    plan = autoprec.plan(m)
+    fmts = {d.module: d.fmt for d in plan.decisions if ".mlp." in d.module}
+    assert fmts == {"transformer.h.0.mlp.c_fc": "bf16", "transformer.h.0.mlp.c_proj": "bf16",
+                    "transformer.h.1.mlp.c_fc": "nvfp4", "transformer.h.1.mlp.c_proj": "nvfp4"}
+    assert plan.not_compiled == ["transformer.wte", "transformer.wpe", "lm_head"]
