@@ -9,6 +9,7 @@ from autoprec.model_plan import (
     STATES,
     compiled_regions,
     defer_state,
+    enclosing_plans,
     named_modules,
     planned_module_ids,
     planned_weight_ids,
@@ -29,7 +30,12 @@ def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
     modules ran eagerly and why. With a ``schedule``, the rows are those of schedule phase ``phase``
     (default: the phase running now) and every phase has a line under the table."""
     root = _root(model)
-    states = plans_of(root)
+    states, part_of = plans_of(root), []
+    if not states and enclosing_plans(root):
+        states = enclosing_plans(root)
+        part_of = [f"this {type(root).__name__} is part of a {type(states[-1].model).__name__} compiled module by "
+                   "module (regional compilation): these are that model's plan and names"]
+        root = states[-1].model
     reasons = dynamo_fallback_reasons()
     if not states and not reasons:
         raise ValueError(
@@ -59,7 +65,7 @@ def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
                             f"{', '.join(outside)} run outside the compiled modules, eagerly")
     if result.not_compiled and reasons:
         result.notes += [f"dynamo ran code eagerly: {r}" for r in reasons]
-    result.notes += _annotation_notes(root)
+    result.notes += part_of + _annotation_notes(root)
     return result
 
 

@@ -413,11 +413,17 @@ def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
     return state
 
 
-def plans_of(model: torch.nn.Module) -> list[ModelPlan]:
-    """The live plans of a model, the most recent last."""
+def plans_of(model: torch.nn.Module | None) -> list[ModelPlan]:
+    """The live plans of a model (None: of every model), the most recent last."""
     gc.collect()  # graphs dropped by torch._dynamo.reset() (or recompiles) take their plans along
     STATES[:] = [s for s in STATES if s.alive]
-    return [s for s in STATES if s.model is model]
+    return [s for s in STATES if model is None or s.model is model]
+
+
+def enclosing_plans(module: torch.nn.Module) -> list[ModelPlan]:
+    """The live plans of models that hold ``module`` (a block compiled on its own is planned with its model)."""
+    return [s for s in plans_of(None) if s.model is not None and s.model is not module
+            and any(m is module for m in s.model.modules())]
 
 
 def planned_module_ids() -> set[str]:

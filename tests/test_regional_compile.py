@@ -40,6 +40,8 @@ def test_compiled_blocks_share_one_plan_named_from_the_model(how):
     assert all(d.fmt == ("bf16" if d.module.startswith("blocks.0.") else "nvfp4") for d in plan.decisions)
     assert set(plan.not_compiled) == {"wte", "wpe", "lm_head"}  # outside the compiled blocks, and said so
     assert "outside the compiled modules" in str(plan)
+    block = autoprec.plan(m.blocks[1])  # asked of a block: the model's plan, and why
+    assert [d.key for d in block.decisions] == keys and "part of a TinyGPT compiled module by module" in str(block)
 
 
 def test_an_override_naming_no_module_of_the_model_fails_by_name():
