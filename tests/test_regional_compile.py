@@ -74,7 +74,7 @@ def test_compiled_blocks_compute_what_the_model_compiled_whole_computes():
     assert all(bits_equal(a, b) for a, b in zip(gp0, gp1))
 
 
-def test_auto_calibrates_every_compiled_block_into_one_plan(tmp_path):
+def test_auto_calibrates_every_compiled_block_into_one_plan_and_resumes_it():
     m = gpt()
     compile_blocks(m.blocks, "wrap", {"recipe": "auto"})
     for _ in range(2):
@@ -83,4 +83,11 @@ def test_auto_calibrates_every_compiled_block_into_one_plan(tmp_path):
     assert {d.module.split(".")[1] for d in plan.decisions} == {"0", "1", "2"}
     assert all(d.err is not None and d.reason.startswith("auto (") for d in plan.decisions)
     state = autoprec.state_dict(m)
-    assert state["plan"] is not None and state["calls"] > 0
+    torch._dynamo.reset()
+    m2 = gpt()
+    autoprec.load_state_dict(m2, state)  # before the first call, as a resumed run does
+    compile_blocks(m2.blocks, "wrap", {"recipe": "auto"})
+    m2(*tokens(batch=4, ctx=16, vocab=64)).backward()
+    resumed = autoprec.plan(m2)
+    assert [(d.key, d.fmt) for d in resumed.decisions] == [(d.key, d.fmt) for d in plan.decisions]
+    assert all(d.reason.startswith("plan file") for d in resumed.decisions)
