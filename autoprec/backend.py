@@ -26,7 +26,15 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 
 from autoprec.cost import device_note
-from autoprec.model_plan import ModelPlan, find_root, frame_prefix, named_modules, named_parameters, plan_for
+from autoprec.model_plan import (
+    ModelPlan,
+    find_root,
+    frame_prefix,
+    module_name,
+    named_modules,
+    named_parameters,
+    plan_for,
+)
 from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
 from autoprec.passes.classify_roles import classify_roles
@@ -184,8 +192,8 @@ class _Variant:
         """Root-relative module path: the frame's prefix + the frame-relative path, or (for a frame
         without parameters) the name of the module the node was traced in."""
         if self.prefix is not None:
-            return (self.prefix + frame_path).rstrip(".")
-        return self.module_names.get(module_id, frame_path) if module_id else frame_path
+            return module_name(self.prefix + frame_path)
+        return self.module_names.get(module_id, module_name(frame_path)) if module_id else module_name(frame_path)
 
     def _gemms(self, gm: fx.GraphModule, num_fwd_outputs: int | None, runner: PassRunner) -> list[GraphGemm]:
         params = self._param_placeholders(gm)

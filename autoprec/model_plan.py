@@ -25,7 +25,11 @@ from autoprec.passes.gemms import GemmKey, GemmSpec
 from autoprec.plan import Decision, Plan
 
 _KNOWN_ROOTS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-_SOURCE_PART = re.compile(r"\._(?:modules|parameters|buffers)\['([^']+)'\]|\.([A-Za-z_]\w*)")
+_SOURCE_PART = re.compile(r"\.(?:_modules|_parameters|_buffers|__dict__\['_modules'\])\['([^']+)'\]|\.([A-Za-z_]\w*)")
+_DICT_MODULE = re.compile(r"(?:^|\.)__dict__\['_modules'\]\['([^']+)'\]")
+# modules that wrap one module and add no name of their own (torch strips them from state dicts, or users
+# never see them): torch.compile's, activation checkpointing's, FSDP1's
+_WRAPPERS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
 
 
 def _live_modules() -> list[torch.nn.Module]:
@@ -48,7 +52,7 @@ def _compiled(m: torch.nn.Module) -> torch.nn.Module | None:
 
 def compiled_regions(root: torch.nn.Module) -> list[str]:
     """Names of the compiled modules inside ``root``, ``root`` excluded (regional compilation)."""
-    return list(dict.fromkeys(_unwrapped(n) for n, m in root.named_modules()
+    return list(dict.fromkeys(module_name(n) for n, m in root.named_modules()
                               if _compiled(m) is not None and _compiled(m) is not root))
 
 
@@ -92,20 +96,23 @@ def _regional_model(modules: list[torch.nn.Module], compiled: list[torch.nn.Modu
 
 
 def named_parameters(root: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """``root.named_parameters`` with duplicates (tied weights), named without torch.compile's ``_orig_mod``
-    (a compiled block inside the model: ``layers.0._orig_mod.attn.weight`` is ``layers.0.attn.weight``)."""
-    return [(_unwrapped(n), p) for n, p in root.named_parameters(remove_duplicate=False)]
+    """``root.named_parameters`` with duplicates (tied weights), named without wrappers (``module_name``: a
+    compiled block inside the model, ``layers.0._orig_mod.attn.weight``, is ``layers.0.attn.weight``)."""
+    return [(module_name(n), p) for n, p in root.named_parameters(remove_duplicate=False)]
 
 
 def named_modules(root: torch.nn.Module, remove_duplicate: bool = False) -> list[tuple[str, torch.nn.Module]]:
     """``root.named_modules``, named as ``named_parameters`` names them (a compiled block once: the
-    OptimizedModule and the block it wraps share a name)."""
-    named = [(_unwrapped(n), m) for n, m in root.named_modules(remove_duplicate=remove_duplicate)]
+    OptimizedModule and the block it wraps share a name; other wrappers share their module's name too)."""
+    named = [(module_name(n), m) for n, m in root.named_modules(remove_duplicate=remove_duplicate)]
     return [(n, m) for n, m in named if not isinstance(m, OptimizedModule)]
 
 
-def _unwrapped(name: str) -> str:
-    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+def module_name(path: str) -> str:
+    """A module path as users name it: without wrapper modules (``blocks.0._checkpoint_wrapped_module.attn``
+    and dynamo's ``blocks.0.__dict__['_modules']['_checkpoint_wrapped_module'].attn`` are ``blocks.0.attn``)."""
+    path = _DICT_MODULE.sub(r".\1", path)
+    return ".".join(part for part in path.split(".") if part and part not in _WRAPPERS)
 
 
 def _param_names(root: torch.nn.Module) -> dict[int, str]:
@@ -150,7 +157,7 @@ def source_path(source: str) -> str | None:
             return None
         parts.append(m.group(1) or m.group(2))
         rest = rest[m.end():]
-    return ".".join(parts)
+    return module_name(".".join(parts))
 
 
 def frame_prefix(aliases: dict[int, list[str]], params: list[tuple[str | None, object]]) -> str | None:
@@ -196,7 +203,7 @@ class ModelPlan:
         self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto or recalibrates else None
         self.fixed = not auto
         self.recalibrated: list[int] = []  # training steps after which re-calibrations began (recalibrate_every)
-        self._module_names = [n for n, _ in named_modules(root, remove_duplicate=True)] if root is not None else None
+        self._module_names = list(dict.fromkeys(n for n, _ in named_modules(root, True))) if root is not None else None
         self._assigner = Assigner(opts, self.calibration, self._module_names) if root is not None else None
 
     @property

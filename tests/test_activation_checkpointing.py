@@ -1,0 +1,54 @@
+"""Activation checkpointing (torch's checkpoint_wrapper around each block, as torchtitan and FSDP users do):
+the plan names modules as the model does (no ``_checkpoint_wrapped_module``), overrides match those names,
+and the recomputed forward gives the gradients the model gets without checkpointing, bit for bit."""
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+import autoprec
+
+from gpt_model import TinyGPT, tokens
+from helpers import bits_equal
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+OPTIONS = {"recipe": "nvfp4", "overrides": {"blocks.1.mlp.*": "mxfp8"}}
+
+
+def gpt(checkpointed: bool) -> TinyGPT:
+    torch.manual_seed(0)
+    m = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16)
+    if checkpointed:
+        for i, block in enumerate(m.blocks):
+            m.blocks.register_module(str(i), checkpoint_wrapper(block))
+    return m
+
+
+def train(m: torch.nn.Module, fn) -> tuple[torch.Tensor, list[torch.Tensor], list]:
+    for step in range(2):
+        loss = fn(*tokens(batch=4, ctx=16, vocab=64, seed=step))
+        loss.backward()
+    plan = autoprec.plan(m)
+    return loss.detach(), [p.grad for p in m.parameters()], [(d.key, d.fmt) for d in plan.decisions]
+
+
+def test_checkpointed_blocks_keep_names_overrides_and_numerics():
+    plain = gpt(False)
+    loss0, grads0, plan0 = train(plain, torch.compile(plain, backend="autoprec", options=OPTIONS))
+    torch._dynamo.reset()
+    ac = gpt(True)
+    loss1, grads1, plan1 = train(ac, torch.compile(ac, backend="autoprec", options=OPTIONS))
+    assert plan1 == plan0 and ("blocks.1.mlp.fc1", "fprop", 0) in [k for k, _ in plan1]
+    assert {f for k, f in plan1 if k[0].startswith("blocks.1.mlp.")} == {"mxfp8"}
+    assert bits_equal(loss0, loss1) and all(bits_equal(a, b) for a, b in zip(grads0, grads1))
+
+
+def test_checkpointed_blocks_compiled_on_their_own():
+    """torchtitan's order: checkpoint-wrap each block, then compile each wrapped block; one plan of the model."""
+    m = gpt(True)
+    for i, block in enumerate(m.blocks):
+        m.blocks.register_module(str(i), torch.compile(block, backend="autoprec", options=OPTIONS))
+    _, grads, plan = train(m, m)
+    modules = {k[0] for k, _ in plan}
+    assert {"blocks.0.attn.qkv", "blocks.1.mlp.fc2"} <= modules and not any("wrapped" in n for n in modules)
+    assert all(torch.isfinite(g).all() for g in grads if g is not None)
