@@ -326,7 +326,7 @@ def training_step(rig: Rig, layers: int, profile: bool = False, graphs: bool = F
 
     d, heads, ctx, batch, vocab = rig.gpt
     idx, tgt = (t.to(rig.device) for t in tokens(batch=batch, ctx=ctx, vocab=vocab))
-    print(f"\n{f'training step, GPT {layers}x{d}':<28}{'ms':>9}{'x bf16':>8}{'warm-up s':>10}  FLOP shares")
+    print(f"\n{f'training step, GPT {layers}x{d}':<28}{'ms':>9}{'x bf16':>8}{'calls 1/2/3 s':>15}  FLOP shares")
     runs = [("bf16 (inductor)", None, None), ("autoprec nvfp4", "nvfp4", None), ("autoprec mxfp8", "mxfp8", None),
             ("autoprec auto", "auto", None)]
     if graphs:
@@ -347,16 +347,18 @@ def training_step(rig: Rig, layers: int, profile: bool = False, graphs: bool = F
             torch.compiler.cudagraph_mark_step_begin()
             compiled(idx, tgt).backward()
 
-        began = time.perf_counter()
-        for _ in range(3):  # compile, calibrate (auto), plan
+        warmup = []  # each first call's seconds: compile (auto: and calibrate), then auto's plan compiled, then run
+        for _ in range(3):
+            began = time.perf_counter()
             step()
-        rig.sync()
-        warmup = time.perf_counter() - began
+            rig.sync()
+            warmup.append(time.perf_counter() - began)
         shares = autoprec.plan(model).flop_share() if recipe else {"bf16": 1.0}
         ms = rig.per_step_ms(step)
         base = base or ms
         share = " ".join(f"{fmt} {v:.0%}" for fmt, v in sorted(shares.items()))
-        print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}{warmup:>10.0f}  {share}")
+        calls = "/".join(f"{t:.0f}" if t >= 10 else f"{t:.1f}" for t in warmup)
+        print(f"{name:<28}{ms:>9.1f}{ms / base:>8.2f}{calls:>15}  {share}")
         if profile and recipe and not mode:
             profile_step(rig, step, name)
 

@@ -102,7 +102,7 @@ def test_gpu_benchmark_dry_run_times_each_plans_step():
     """``--dry-run --step-only``: the training-step section's rows (bf16, three plans, the two CUDA-graph rows run
     without graphs on the CPU) with their FLOP shares, and a profile table per plan."""
     out = run("benchmarks/kernels_gpu.py", "--dry-run", "--step-only", "--layers", "1", "--profile", "--graphs")
-    steps = re.findall(r"^(\S.*?)\s+\d+\.\d\s+\d+\.\d\d\s+\d+  ", out, re.M)  # name, ms, x bf16, warm-up s
+    steps = re.findall(r"^(\S.*?)\s+\d+\.\d\s+\d+\.\d\d\s+[\d.]+/[\d.]+/[\d.]+  ", out, re.M)  # name, ms, x bf16, calls
     assert steps == ["bf16 (inductor)", "autoprec nvfp4", "autoprec mxfp8", "autoprec auto", "bf16 (CUDA graphs)",
                      "autoprec nvfp4 (CUDA graphs)"], out
     assert out.count("one step's top ops by CPU time") == 3
