@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels.autotune import autotune
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_triton import (
     _index_strides,
@@ -38,7 +39,7 @@ def _configs() -> list[triton.Config]:
     return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else CONFIGS
 
 
-@triton.autotune(configs=_configs(), key=["R", "K"])
+@autotune(_configs(), ["R", "K"])
 @triton.jit
 def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, B: tl.constexpr, RHT_A: tl.constexpr, RHT_B: tl.constexpr):
     """The amaxes of the rowwise copy's source (RHT along dim 1) and the columnwise one's (along dim 0), as
@@ -52,7 +53,7 @@ def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, B: tl.constexpr, RHT_A
     atomic_max_bits(amax_ptr + 1, b)
 
 
-@triton.autotune(configs=_configs(), key=["R", "K"])
+@autotune(_configs(), ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
@@ -66,7 +67,7 @@ def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                pid_k, pid_r, B, B, RHT_B, SR_B, True, False)
 
 
-@triton.autotune(configs=_configs(), key=["R", "K"])
+@autotune(_configs(), ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, codes_b, scales_b, ib_r, ib_k,

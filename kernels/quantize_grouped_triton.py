@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels.autotune import autotune
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
@@ -101,7 +102,7 @@ def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.cons
     return g, rows - start, k1, k2
 
 
-@triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
+@autotune(_configs(NVFP4_CONFIGS), ["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                           R, K, KL, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
@@ -121,7 +122,7 @@ def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
         tl.store(ts_ptr + e, s_dec, mask=e < E)
 
 
-@triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
+@autotune(_configs(MXFP8_CONFIGS), ["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, E,
                           EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
@@ -186,7 +187,7 @@ def _batch_item(x_ptr, seed, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b, SR
     return item, x_ptr + at * s_b, codes_ptr + at * c_b, scales_ptr + at * sc_b, k1, k2
 
 
-@triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "K", "s_k", "RHT", "SR", "TILE2D"])
+@autotune(_configs(NVFP4_CONFIGS), ["R", "K", "s_k", "RHT", "SR", "TILE2D"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k, s_b,
                         r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
@@ -202,7 +203,7 @@ def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_
                        r_r, r_k, codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
 
 
-@triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"])
+@autotune(_configs(MXFP8_CONFIGS), ["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k, c_b,
                         sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels.autotune import autotune
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
@@ -80,7 +81,7 @@ def _sr_keys(seed, g, step_ptr, n, r_r, BLOCK: tl.constexpr, GROUP_ROWS: tl.cons
     return k1, k2, r_r
 
 
-@triton.autotune(configs=_configs(NVFP4_CONFIGS), key=["R", "KP", "s_k", "RHT", "SR"])
+@autotune(_configs(NVFP4_CONFIGS), ["R", "KP", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                            R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
@@ -100,7 +101,7 @@ def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
         tl.store(ts_ptr + e, s_dec, mask=e < E)
 
 
-@triton.autotune(configs=_configs(MXFP8_CONFIGS), key=["R", "KP", "s_k", "RHT", "SR"])
+@autotune(_configs(MXFP8_CONFIGS), ["R", "KP", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
                            R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels.autotune import autotune
 from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import (
@@ -156,7 +157,7 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
     return tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0)
 
 
-@triton.autotune(configs=_configs(CONFIGS), key=["R", "K", "s_k", "RHT", "SR", "TILE2D"],
+@autotune(_configs(CONFIGS), ["R", "K", "s_k", "RHT", "SR", "TILE2D"],
                  prune_configs_by={"early_config_prune": _strided_reads_keep_checked_tiles})
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
@@ -232,7 +233,7 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     tl.store(codes_ptr + rows.to(tl.int64)[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
 
 
-@triton.autotune(configs=_configs(MXFP8_GPU_CONFIGS), key=["R", "K", "s_k", "RHT", "SR"],
+@autotune(_configs(MXFP8_GPU_CONFIGS), ["R", "K", "s_k", "RHT", "SR"],
                  prune_configs_by={"early_config_prune": _strided_reads_keep_checked_tiles})
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,

@@ -1,0 +1,29 @@
+"""How the quantizers autotune their tiles on a GPU: a short benchmark per candidate tile, the winner kept on disk.
+
+Each new (shape, stride, options) key benchmarks every candidate tile, during the first steps of a run. Triton's
+default benchmark is 25 ms of warm-up and 100 ms of repetitions per tile, written for GEMMs; a quantization runs
+in microseconds to a millisecond, so 5 and 20 ms still time hundreds of calls per tile at a fifth of the cost.
+``cache_results`` keeps each key's winner in Triton's cache directory, so a later process (a resumed run, the
+benchmark after the tests) does not benchmark again. Every tile gives the same bytes: the choice changes speed only.
+"""
+from __future__ import annotations
+
+import inspect
+
+import triton
+
+WARMUP_MS, REP_MS = 5, 20
+_TAKES = inspect.signature(triton.autotune).parameters
+
+
+def short_bench(fn, quantiles=None):
+    """Triton's ``do_bench`` with ``WARMUP_MS`` of warm-up and ``REP_MS`` of repetitions."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, quantiles=quantiles)
+
+
+def autotune(configs: list[triton.Config], key: list[str], **kwargs):
+    """``triton.autotune`` with ``short_bench`` and disk-cached results, where this Triton takes them (3.2 on)."""
+    extra = {name: value for name, value in (("do_bench", short_bench), ("cache_results", True)) if name in _TAKES}
+    return triton.autotune(configs=configs, key=key, **kwargs, **extra)
