@@ -5,16 +5,8 @@ import re
 
 import torch
 
-from autoprec.model_plan import (
-    STATES,
-    compiled_regions,
-    defer_state,
-    enclosing_plans,
-    named_modules,
-    planned_module_ids,
-    planned_weight_ids,
-    plans_of,
-)
+from autoprec.model_plan import STATES, defer_state, enclosing_plans, planned_module_ids, planned_weight_ids, plans_of
+from autoprec.model_root import compiled_regions, named_modules
 from autoprec.overrides import annotated_modules
 from autoprec.plan import Plan
 

@@ -26,15 +26,8 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 
 from autoprec.cost import device_note
-from autoprec.model_plan import (
-    ModelPlan,
-    find_root,
-    frame_prefix,
-    module_name,
-    named_modules,
-    named_parameters,
-    plan_for,
-)
+from autoprec.model_plan import ModelPlan, plan_for
+from autoprec.model_root import find_root, frame_prefix, module_name, named_modules, named_parameters
 from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
 from autoprec.passes.classify_roles import classify_roles
