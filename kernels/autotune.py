@@ -3,8 +3,9 @@
 Each new (shape, stride, options) key benchmarks every candidate tile, during the first steps of a run. Triton's
 default benchmark is 25 ms of warm-up and 100 ms of repetitions per tile, written for GEMMs; a quantization runs
 in microseconds to a millisecond, so 5 and 20 ms still time hundreds of calls per tile at a fifth of the cost.
-``cache_results`` keeps each key's winner in Triton's cache directory, so a later process (a resumed run, the
-benchmark after the tests) does not benchmark again. Every tile gives the same bytes: the choice changes speed only.
+``cache_results`` keeps each key's winner in Triton's cache directory, so a later process at the same shapes (a
+resumed or repeated run) does not benchmark them again. Every tile gives the same bytes: the choice changes speed
+only.
 """
 from __future__ import annotations
 
