@@ -15,19 +15,26 @@ def _root(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def _model_plans(model: torch.nn.Module) -> tuple[torch.nn.Module, list, list[str]]:
+    """(the model, its live plans, a note): a module compiled block by block inside a bigger one (regional
+    compilation) is planned with the model it is part of, and the note says so."""
+    root = _root(model)
+    states = plans_of(root)
+    if states or not enclosing_plans(root):
+        return root, states, []
+    states = enclosing_plans(root)
+    note = (f"this {type(root).__name__} is part of a {type(states[-1].model).__name__} compiled module by module "
+            "(regional compilation): these are that model's plan and names")
+    return states[-1].model, states, [note]
+
+
 def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
     """The precision plan of a model compiled with ``backend="autoprec"``: one row per GEMM (root-relative
     module path, role, ordinal) with the graphs it runs in. Needs at least one call of the compiled
     model; when dynamo ran all of it eagerly (a skipped frame), the plan has no rows and says which
     modules ran eagerly and why. With a ``schedule``, the rows are those of schedule phase ``phase``
     (default: the phase running now) and every phase has a line under the table."""
-    root = _root(model)
-    states, part_of = plans_of(root), []
-    if not states and enclosing_plans(root):
-        states = enclosing_plans(root)
-        part_of = [f"this {type(root).__name__} is part of a {type(states[-1].model).__name__} compiled module by "
-                   "module (regional compilation): these are that model's plan and names"]
-        root = states[-1].model
+    root, states, part_of = _model_plans(model)
     reasons = dynamo_fallback_reasons()
     if not states and not reasons:
         raise ValueError(
@@ -89,9 +96,9 @@ def _full(module: str, param: str) -> str:
 def state_dict(model: torch.nn.Module) -> dict:
     """What a checkpoint needs to resume a compiled model bit for bit: the call counter that seeds
     stochastic rounding and, once fixed, the plan (so a resumed ``auto`` run does not recalibrate)."""
-    states = plans_of(_root(model))
+    root, states, _ = _model_plans(model)
     if not states:
-        raise ValueError(f"no autoprec state for this {type(_root(model)).__name__}: compile it and call it once")
+        raise ValueError(f"no autoprec state for this {type(root).__name__}: compile it and call it once")
     return states[-1].state_dict()
 
 
@@ -102,8 +109,7 @@ def load_state_dict(model: torch.nn.Module, state: dict) -> None:
     if not isinstance(state, dict) or not isinstance(state.get("calls"), int) or "plan" not in state:
         raise ValueError("autoprec.load_state_dict: expected the dict autoprec.state_dict returned, with fields "
                          "'calls' (int) and 'plan'")
-    root = _root(model)
-    states = plans_of(root)
+    root, states, _ = _model_plans(model)
     if states:
         states[-1].load_state_dict(state)
     else:

@@ -261,7 +261,8 @@ def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
         if root is not None and state.model is root and state.requested == opts:
             return state
     requested = opts
-    pending = _PENDING.pop(root, None) if root is not None else None
+    key = _pending_key(root) if root is not None else None
+    pending = _PENDING.pop(key) if key is not None else None
     if pending is not None and pending.get("plan") is not None and opts.recipe == "auto" and opts.plan is None:
         # the restored plan runs until the next re-calibration, if any (that reads ``requested``)
         opts = replace(opts, plan=Plan.from_json(pending["plan"], "autoprec.load_state_dict"), recalibrate_every=None)
@@ -270,6 +271,15 @@ def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
         state.load_state_dict(pending)
     STATES.append(state)
     return state
+
+
+def _pending_key(root: torch.nn.Module) -> torch.nn.Module | None:
+    """The module a state was deferred on for ``root``'s plan: ``root``, or a module of its tree (a model whose
+    blocks are compiled one by one is planned at the top of its tree, e.g. a DDP wrapper)."""
+    if root in _PENDING:
+        return root
+    inside = {id(m) for m in root.modules()}
+    return next((k for k in list(_PENDING.keys()) if id(k) in inside or any(m is root for m in k.modules())), None)
 
 
 def plans_of(model: torch.nn.Module | None) -> list[ModelPlan]:

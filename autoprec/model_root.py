@@ -70,20 +70,15 @@ def _outermost_owner(modules: list[torch.nn.Module], ids: set[int]) -> torch.nn.
 
 def _regional_model(modules: list[torch.nn.Module], compiled: list[torch.nn.Module],
                     region: torch.nn.Module) -> torch.nn.Module:
-    """The model a compiled module belongs to. Under regional compilation (several compiled modules of one
-    tree, none inside another: torchtitan compiles each block) that is the tree's top, less the wrappers
-    above the model that hold nothing else (DDP's ``module``); otherwise the compiled module itself."""
+    """The model a compiled module belongs to: under regional compilation (several compiled modules of one
+    tree, none inside another: torchtitan compiles each block), the top of the tree (with DDP, the DDP module,
+    as when DDP is compiled whole); otherwise the compiled module itself."""
     above = _ancestors(_parents(modules), region)
     if not above:
         return region
     tree = {id(m) for m in above[-1].modules()}
     inside = {id(m) for m in region.modules()} | {id(m) for m in above}
-    if not any(id(c) in tree and id(c) not in inside for c in compiled):
-        return region
-    top = above[-1]
-    while len(top._modules) == 1 and not top._parameters and not top._buffers and top is not region:
-        top = next(iter(top._modules.values()))
-    return top
+    return above[-1] if any(id(c) in tree and id(c) not in inside for c in compiled) else region
 
 
 def named_parameters(root: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

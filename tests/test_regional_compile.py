@@ -91,3 +91,36 @@ def test_auto_calibrates_every_compiled_block_into_one_plan_and_resumes_it():
     resumed = autoprec.plan(m2)
     assert [(d.key, d.fmt) for d in resumed.decisions] == [(d.key, d.fmt) for d in plan.decisions]
     assert all(d.reason.startswith("plan file") for d in resumed.decisions)
+
+
+class Wrapper(torch.nn.Module):
+    """Holds the model and nothing else, as DDP does (``module``)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args):
+        return self.module(*args)
+
+
+def test_a_wrapped_model_is_planned_at_the_wrapper_and_resumes_through_either():
+    """Blocks compiled one by one inside a DDP-like wrapper: the plan is the wrapper's (names start with
+    ``module.``, as when DDP is compiled whole); the inner model finds it too, and a state restored through the
+    inner model reaches the wrapper's plan."""
+    wrapped = Wrapper(gpt())
+    compile_blocks(wrapped.module.blocks, "in_place", {"recipe": "auto"})
+    for _ in range(2):
+        wrapped(*tokens(batch=4, ctx=16, vocab=64)).backward()
+    plan = autoprec.plan(wrapped)
+    assert ("module.blocks.2.mlp.fc2", "wgrad", 0) in [d.key for d in plan.decisions]
+    assert [d.key for d in autoprec.plan(wrapped.module).decisions] == [d.key for d in plan.decisions]
+    state = autoprec.state_dict(wrapped.module)
+    torch._dynamo.reset()
+    again = Wrapper(gpt())
+    autoprec.load_state_dict(again.module, state)
+    compile_blocks(again.module.blocks, "in_place", {"recipe": "auto"})
+    again(*tokens(batch=4, ctx=16, vocab=64)).backward()
+    resumed = autoprec.plan(again)
+    assert [(d.key, d.fmt) for d in resumed.decisions] == [(d.key, d.fmt) for d in plan.decisions]
+    assert all(d.reason.startswith("plan file") for d in resumed.decisions)
