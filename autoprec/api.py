@@ -19,10 +19,9 @@ def _model_plans(model: torch.nn.Module) -> tuple[torch.nn.Module, list, list[st
     """(the model, its live plans, a note): a module compiled block by block inside a bigger one (regional
     compilation) is planned with the model it is part of, and the note says so."""
     root = _root(model)
-    states = plans_of(root)
-    if states or not enclosing_plans(root):
+    states = plans_of(root) or enclosing_plans(root)
+    if not states or states[-1].model is root:
         return root, states, []
-    states = enclosing_plans(root)
     note = (f"this {type(root).__name__} is part of a {type(states[-1].model).__name__} compiled module by module "
             "(regional compilation): these are that model's plan and names")
     return states[-1].model, states, [note]
