@@ -101,10 +101,6 @@ def module_name(path: str) -> str:
     return ".".join(part for part in path.split(".") if part and part not in _WRAPPERS)
 
 
-def _param_names(root: torch.nn.Module) -> dict[int, str]:
-    return {id(p): n for n, p in named_parameters(root)}
-
-
 def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
     """The model of ``params``: the outermost compiled module holding them (under regional compilation, the
     model it is part of); failing that, the top of the module tree that holds them; None for parameters
@@ -113,8 +109,8 @@ def find_root(params: list[torch.nn.Parameter]) -> torch.nn.Module | None:
         return None
     ids = {id(p) for p in params}
 
-    def holders(roots):
-        return [r for r in roots if ids & _param_names(r).keys()]
+    def holders(roots):  # ids only: names (and their unwrapping) are not needed to tell who holds a parameter
+        return [r for r in roots if any(id(p) in ids for p in r.parameters())]
 
     def largest(found):
         return max(found, key=lambda r: sum(1 for _ in r.modules()))
