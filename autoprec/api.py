@@ -6,7 +6,7 @@ import re
 import torch
 
 from autoprec.model_plan import STATES, defer_state, enclosing_plans, planned_module_ids, planned_weight_ids, plans_of
-from autoprec.model_root import compiled_regions, named_modules
+from autoprec.model_root import compiled_regions, holds, named_modules
 from autoprec.overrides import annotated_modules
 from autoprec.plan import Plan
 
@@ -148,6 +148,6 @@ def _annotation_notes(root: torch.nn.Module) -> list[str]:
         in_plan = str(id(module)) in planned or any(id(p) in weights for p in module.parameters())
         if name is not None and not in_plan:
             notes.append(f"{what} on {name or '<root>'!r}: no planned GEMM runs in this module; ignored")
-        elif name is None and not any(any(m is module for m in r.modules()) for r in compiled_roots):
+        elif name is None and not any(holds(r, module) for r in compiled_roots):
             notes.append(f"{what}: the module is not part of this (or any compiled) model; ignored")
     return notes

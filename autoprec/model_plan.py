@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from autoprec.at_scale import SOURCES, ReferenceShapes
-from autoprec.model_root import named_modules
+from autoprec.model_root import holds, named_modules
 from autoprec.options import CompileOptions
 from autoprec.passes.assign import Assigner
 from autoprec.passes.calibrate import Calibration
@@ -278,8 +278,7 @@ def _pending_key(root: torch.nn.Module) -> torch.nn.Module | None:
     blocks are compiled one by one is planned at the top of its tree, e.g. a DDP wrapper)."""
     if root in _PENDING:
         return root
-    inside = {id(m) for m in root.modules()}
-    return next((k for k in list(_PENDING.keys()) if id(k) in inside or any(m is root for m in k.modules())), None)
+    return next((k for k in list(_PENDING.keys()) if holds(root, k) or holds(k, root)), None)
 
 
 def plans_of(model: torch.nn.Module | None) -> list[ModelPlan]:
@@ -291,8 +290,7 @@ def plans_of(model: torch.nn.Module | None) -> list[ModelPlan]:
 
 def enclosing_plans(module: torch.nn.Module) -> list[ModelPlan]:
     """The live plans of models that hold ``module`` (a block compiled on its own is planned with its model)."""
-    return [s for s in plans_of(None) if s.model is not None and s.model is not module
-            and any(m is module for m in s.model.modules())]
+    return [s for s in plans_of(None) if s.model is not None and s.model is not module and holds(s.model, module)]
 
 
 def planned_module_ids() -> set[str]:

@@ -47,6 +47,11 @@ def compiled_regions(root: torch.nn.Module) -> list[str]:
                               if _compiled(m) is not None and _compiled(m) is not root))
 
 
+def holds(outer: torch.nn.Module, inner: torch.nn.Module) -> bool:
+    """Whether ``inner`` is ``outer`` or one of its submodules."""
+    return any(m is inner for m in outer.modules())
+
+
 def _parents(modules: list[torch.nn.Module]) -> dict[int, torch.nn.Module]:
     """id(child) -> its parent, over the live module trees."""
     return {id(c): m for m in modules for c in m._modules.values() if c is not None}
