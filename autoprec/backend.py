@@ -10,12 +10,16 @@ is fixed for the whole model from the measurements of all its graphs (and ranks)
 
 Every graph gets one extra input: the model's call counter, which seeds stochastic rounding; backward
 quantizations read the value of their own forward call, so micro-batches draw fresh bits. One compiled
-graph can serve several module instances after a graph break: the backend keeps one variant per set of
-parameter objects and names each variant's GEMMs by the modules it really runs.
+graph can serve several module instances (identical blocks after a graph break, or each block compiled on
+its own): the backend keeps one variant per set of parameter objects and names each variant's GEMMs by the
+modules it really runs. The step input carries the variant's module ``path_key`` XOR the counter, so blocks
+with the same decisions rewrite to the same graph (their seeds offset by it alike), and the inner compiler
+(inductor's, the costly part) runs once for all of them (``CompiledGraph.compile_once``).
 """
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -32,11 +36,11 @@ from autoprec.options import CompileOptions, parse_options
 from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
 from autoprec.passes.classify_roles import classify_roles
 from autoprec.passes.find_matmuls import find_matmuls
-from autoprec.passes.gemms import GraphGemm, graph_gemms, key_seeds
+from autoprec.passes.gemms import GraphGemm, graph_gemms, key_seeds, path_key
 from autoprec.passes.group_sites import Site, group_sites
 from autoprec.passes.normalize_grouped import normalize_grouped
 from autoprec.passes.pair_quantize import pair_quantizations
-from autoprec.passes.rewrite import rewrite_matmuls
+from autoprec.passes.rewrite import StepInput, rewrite_matmuls
 from autoprec.passes.runner import PassError, PassRunner
 from autoprec.passes.saved_bytes import saved_tensor_bytes
 from autoprec.passes.unplanned import find_unplanned, gathered_source
@@ -74,6 +78,7 @@ class _Variant:
             self.state.param_names.update(names)
         self.prefix = frame_prefix(aliases, [(s, a) for s, a in zip(owner.sources, args)
                                              if isinstance(a, torch.nn.Parameter)])
+        self.step_offset = path_key(module_name(self.prefix)) if self.prefix else 0
         self.module_names = {str(id(m)): n for n, m in named_modules(root)} if root else {}
         self.label: str | None = None
         self.calibrating_fn: Callable | None = None
@@ -115,7 +120,8 @@ class _Variant:
 
     def __call__(self, *args):
         # filled on the graph's device (a kernel taking the count as an argument: no copy from the host)
-        step = torch.full((), self.state.next_step(), dtype=torch.int64, device=self.owner.step_device)
+        step = torch.full((), self.state.next_step() ^ self.step_offset, dtype=torch.int64,
+                          device=self.owner.step_device)
         return self.compiled()(*args, step)
 
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
@@ -138,6 +144,9 @@ class _Variant:
         return select_decomp_table()
 
     def _inner_compiler(self) -> Callable:
+        return self.owner.compile_once(self._compiler())
+
+    def _compiler(self) -> Callable:
         if self.opts.inner != "inductor":
             return lambda g, example_inputs: make_boxed_func(g)
         from torch._inductor import config, list_mode_options
@@ -229,7 +238,8 @@ class _Variant:
                 d = replace(d, fmt="bf16", rounding="rne", rht=False, tile2d=False)
             by_node[g.info.mm.node] = d
         infos = {g.info.mm.node: g.info for g in gemms}
-        runner.run("rewrite_matmuls", rewrite_matmuls, gm, by_node, infos, self.opts, self._step(gm))
+        runner.run("rewrite_matmuls", rewrite_matmuls, gm, by_node, infos, self.opts,
+                   StepInput(self._step(gm), self.step_offset))
         runner.run("pair_quantizations", pair_quantizations, gm)
         for name, seconds in runner.timings.items():
             self.state.pass_seconds[name] = self.state.pass_seconds.get(name, 0.0) + seconds
@@ -335,7 +345,23 @@ class CompiledGraph:
                                 torch.device("cpu"))
         self.gm, self.example_inputs = _with_step_input(gm, inputs, self.step_device)
         self.variants: dict[tuple[int, ...], _Variant] = {}
+        # compiled graphs by (code, example inputs): variants that rewrite to the same graph share one compile
+        self.compiled: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._variant(list(example_inputs)).compiled()
+
+    def compile_once(self, compiler: Callable) -> Callable:
+        """``compiler`` run once per distinct graph of this dynamo graph's variants: a variant whose rewritten
+        forward (backward, inference graph) is the same code on the same example inputs as another's (a block
+        with the same decisions: its seeds are offset by its ``path_key``, which the step input carries) runs
+        that compiled function. Kept while some variant's compiled function holds it."""
+        def compile_or_reuse(g: fx.GraphModule, example_inputs):
+            key = (g.code, tuple(_input_meta(x) for x in example_inputs))
+            fn = self.compiled.get(key)
+            if fn is None:
+                fn = self.compiled[key] = compiler(g, example_inputs)
+            return fn
+
+        return compile_or_reuse
 
     def _variant(self, args: list) -> _Variant:
         key = tuple(id(a) for a in args if isinstance(a, torch.nn.Parameter))
@@ -345,6 +371,13 @@ class CompiledGraph:
 
     def __call__(self, *args):
         return self._variant(list(args))(*args)
+
+
+def _input_meta(x) -> tuple | str:
+    """What a compiled graph's example input fixes: a tensor's shape, strides, dtype and device, else its value."""
+    if isinstance(x, torch.Tensor):
+        return str(tuple(x.shape)), str(x.stride()), x.dtype, x.device, x.requires_grad
+    return repr(x)
 
 
 def _source_name(node: fx.Node) -> str | None:

@@ -150,10 +150,9 @@ def step_stream_keys(seed_key, step_ptr):
 @triton.jit
 def group_stream_keys(seed_u32, g, step_ptr):
     """``step_stream_keys`` of group ``g``'s stream (int32, any shape) of a grouped GEMM operand with ``seed``
-    (uint32): random_bits.group_seed(seed, g) is mix32(seed ^ mix32(g + GOLDEN)) >> 1."""
+    (uint32): the key of random_bits.group_seed(seed, g) is mix32(seed) ^ mix32(g + GOLDEN)."""
     golden = tl.full((), 0x9E3779B9, tl.uint32)
-    gs = _mix32(seed_u32 ^ _mix32(g.to(tl.uint32) + golden)) >> 1
-    return step_stream_keys(_mix32(gs), step_ptr)
+    return step_stream_keys(_mix32(seed_u32) ^ _mix32(g.to(tl.uint32) + golden), step_ptr)
 
 
 @triton.jit

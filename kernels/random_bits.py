@@ -19,8 +19,8 @@ GOLDEN = 0x9E3779B9
 
 
 def sr_stream(seed: int, step: int) -> int:
-    """The stream of one quantization: the GEMM operand's ``seed`` (< 2**31) and the model's call
-    counter ``step`` (< 2**32) packed into one 63-bit integer, so no two (GEMM, step) pairs share bits."""
+    """The stream of one quantization: the GEMM operand's ``seed`` (< 2**32) and the model's call
+    counter ``step`` (< 2**32) packed into one 64-bit integer, so no two (GEMM, step) pairs share bits."""
     return (seed << 32) | (step & M32)
 
 
@@ -44,8 +44,18 @@ class StepStream:
 
 def group_seed(seed: int, group: int) -> int:
     """The operand seed of group ``group`` of a grouped GEMM (one expert's tokens or weight): each group is
-    quantized on its own, so each draws its own stream; stays below 2**31 like the seeds it derives from."""
-    return mix32((seed & M32) ^ mix32((group + GOLDEN) & M32)) >> 1
+    quantized on its own, so each draws its own stream. Its key (mix32 of it) is the operand's key XOR a hash
+    of the group, so ``offset_seed`` commutes with it: a grouped GEMM in a shared graph draws its groups' bits
+    too."""
+    return offset_seed(seed, mix32((group + GOLDEN) & M32))
+
+
+def offset_seed(seed: int, offset: int) -> int:
+    """The seed whose key (mix32 of it) is ``seed``'s XOR ``offset`` (< 2**32). The keys of a stream hash its
+    step's low word XOR its seed's key, so ``sr_stream(offset_seed(seed, offset), step ^ offset)`` draws the bits
+    of ``sr_stream(seed, step)``: a graph whose step input carries a per-module ``offset`` (one compiled graph run
+    by several identical blocks, backend.py) holds seeds that are the same for every block."""
+    return inv_mix32(mix32(seed & M32) ^ offset)
 
 
 def _mul32(x, c: int):
@@ -60,6 +70,26 @@ def mix32(x):
     x = x ^ (x >> 15)
     x = _mul32(x, 0x735A2D97)
     return x ^ (x >> 15)
+
+
+_INV_1, _INV_2 = pow(0x21F0AAAD, -1, 1 << 32), pow(0x735A2D97, -1, 1 << 32)
+
+
+def _unshift(x: int, s: int) -> int:
+    """The inverse of ``x ^ (x >> s)`` on 32 bits."""
+    y = x
+    for _ in range(32 // s):
+        y = x ^ (y >> s)
+    return y
+
+
+def inv_mix32(x: int) -> int:
+    """The inverse of ``mix32`` (ints)."""
+    x = _unshift(x, 15)
+    x = (x * _INV_2) & M32
+    x = _unshift(x, 15)
+    x = (x * _INV_1) & M32
+    return _unshift(x, 16)
 
 
 @functools.lru_cache(maxsize=65536)

@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from autoprec.cost import Hardware, gemm_seconds
 from autoprec.formats import FORMATS, get_format
+from autoprec.kernels.random_bits import inv_mix32, mix32
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.group_sites import Site
 from autoprec.roles import MatmulRole
@@ -31,11 +32,25 @@ def _expr(v) -> sympy.Expr:
     return sympy.Integer(v) if isinstance(v, int) else v.node.expr
 
 
+def path_key(path: str, depth: int = 0) -> int:
+    """The part of a GEMM's SR keys its module path gives: the XOR over the path's dotted parts, the first at
+    ``depth``, of a hash of (part, its depth). Linear: ``path_key("blocks.3.attn.qkv")`` is
+    ``path_key("blocks.3") ^ path_key("attn.qkv", 2)``, so a graph traced in a block (under regional
+    compilation, or identical blocks after a graph break) carries the block's ``path_key`` in its step input
+    and holds the same seeds in every block (``random_bits.offset_seed``)."""
+    key = 0
+    for i, part in enumerate(p for p in path.split(".") if p):
+        key ^= mix32(zlib.crc32(f"{depth + i}|{part}".encode()))
+    return key
+
+
 def key_seeds(seed: int, key: GemmKey) -> tuple[int, int]:
     """Seeds of a GEMM's two operands: a function of the run's seed and the GEMM's key only, so every
-    graph that runs the GEMM draws the same stream (the SR step is mixed in at run time)."""
-    s = zlib.crc32(f"{seed}|{key[0]}|{key[1]}|{key[2]}".encode()) & 0x3FFFFFFF
-    return 2 * s, 2 * s + 1
+    graph that runs the GEMM draws the same stream (the SR step is mixed in at run time). Each seed's key
+    (mix32 of it) is ``path_key`` of the module path XOR a hash of (run seed, role, ordinal, operand)."""
+    path = path_key(key[0])
+    return tuple(inv_mix32(path ^ mix32(zlib.crc32(f"{seed}|{key[1]}|{key[2]}|{which}".encode())))
+                 for which in (0, 1))
 
 
 @dataclass

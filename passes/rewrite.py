@@ -5,6 +5,7 @@ in 16x16 NVFP4 tiles is quantized once: its dgrad reads the transpose of its fpr
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -14,6 +15,7 @@ import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import get_format
 from autoprec.kernels.grouped import group_count
 from autoprec.kernels.grouped_route import grouped_route
+from autoprec.kernels.random_bits import offset_seed
 from autoprec.options import CompileOptions
 from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo
@@ -26,6 +28,20 @@ prims = torch.ops.prims
 autoprec_ops = torch.ops.autoprec
 
 
+@dataclass(frozen=True)
+class StepInput:
+    """The graph input carrying the model's call counter (stochastic rounding's step) XOR ``offset``, the
+    ``path_key`` of the module the graph was traced in (0 for the model's own graph): the quantize ops hold the
+    seeds offset by it, so a graph run by several identical blocks holds the same seeds in each."""
+
+    node: fx.Node
+    offset: int = 0
+
+    def seed(self, seed: int, rounding: str) -> int:
+        """The op's seed argument for an operand of plan seed ``seed`` (0 without SR: RNE draws no bits)."""
+        return offset_seed(seed, self.offset) if rounding == "sr" else 0
+
+
 def _add(graph: fx.Graph, target, args: tuple, kwargs: dict, meta: dict, val, tag: dict) -> fx.Node:
     node = graph.call_function(target, args, kwargs)
     node.meta.update({k: v for k, v in meta.items() if k not in ("val", "tensor_meta", "partitioner_tag")})
@@ -35,7 +51,7 @@ def _add(graph: fx.Graph, target, args: tuple, kwargs: dict, meta: dict, val, ta
 
 
 def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInfo, opts: CompileOptions,
-             meta: dict, tag: dict, step: fx.Node) -> list[fx.Node]:
+             meta: dict, tag: dict, step: StepInput) -> list[fx.Node]:
     """Nodes for operand ``which`` (0 = a, blocked along its last dim; 1 = b, along dim -2): the
     (codes, scales, tensor_scale) of its quantization, or its bf16 values stored (rows, K). Only ops
     that survive inductor's decompositions (permute, prims.convert_element_type) are inserted."""
@@ -54,14 +70,15 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
         cast = _add(graph, prims.convert_element_type.default, (x, torch.bfloat16), {}, meta, cval, tag)
         return [cast, cast, cast]
     axis, rounding, tile2d = operand_config(d, which, val.ndim, info.grad_operand, info.weight_operand)
-    args = (x, d.fmt, axis, rounding, d.seeds[which], tile2d, opts.mx_scale, d.rht, opts.seed, step)
+    args = (x, d.fmt, axis, rounding, step.seed(d.seeds[which], rounding), tile2d, opts.mx_scale, d.rht, opts.seed,
+            step.node)
     with fake:
-        vals = autoprec_ops.quantize.default(val, *args[1:-1], step.meta["val"])
+        vals = autoprec_ops.quantize.default(val, *args[1:-1], step.node.meta["val"])
     q = _add(graph, autoprec_ops.quantize.default, args, {}, meta, vals, tag)
     return [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3)]
 
 
-def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, step: fx.Node,
+def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, step: StepInput,
              current, tag: dict) -> fx.Node:
     """One ``autoprec.grouped_mm`` node running a grouped (experts) GEMM in the decision's format; the op without
     the CUDA-graph tag, ``grouped_mm_on_device``, where it reads nothing on the host on the graph's device
@@ -70,8 +87,9 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     cfg = grouped_config(d, info.grad_operand, info.weight_operand)
     fmt = d.fmt if get_format(d.fmt).quantized else "bf16"
     out_dtype = node.meta["val"].dtype
+    seeds = [step.seed(seed, cfg[f"rounding_{ab}"]) for seed, ab in zip(d.seeds, "ab")]
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
-            cfg["rht"], d.seeds[0], d.seeds[1], opts.mx_scale, opts.seed, step, out_dtype)
+            cfg["rht"], *seeds, opts.mx_scale, opts.seed, step.node, out_dtype)
     a, b = mm.a.meta["val"], mm.b.meta["val"]
     groups = group_count(a.shape, None if mm.offs is None else mm.offs.meta["val"].shape, mm.layout)
     route = grouped_route(a.device, mm.layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, cfg["tile2d_b"],
@@ -122,7 +140,7 @@ def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
 
 def rewrite_matmuls(
     gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions,
-    step: fx.Node,
+    step: StepInput,
 ) -> int:
     """Replace every rewritten decision's node; returns how many were replaced. ``step`` is the graph
     input carrying the model's call counter (stochastic rounding's step)."""

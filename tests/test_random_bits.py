@@ -1,7 +1,19 @@
 """Stochastic rounding's random bits: a pure hash of (stream, index), the same in every execution."""
 import torch
 
-from autoprec.kernels.random_bits import SR_BITS, mix32, sr_bits, sr_stream
+from autoprec.kernels.random_bits import (
+    SR_BITS,
+    group_seed,
+    inv_mix32,
+    mix32,
+    offset_seed,
+    sr_bits,
+    sr_stream,
+    stream_keys,
+)
+from autoprec.passes.gemms import key_seeds, path_key
+
+from helpers import bits_equal
 
 PINNED_0 = [1329799, 15723374, 3858929, 9140358]
 PINNED_5_7 = [8465272, 13969801, 14893414, 14510815]
@@ -39,3 +51,29 @@ def test_mix32_is_a_bijection_with_avalanche():
     flips = mix32(x) ^ mix32(x ^ 1)
     frac = sum(float(((flips >> i) & 1).double().mean()) for i in range(32)) / 32
     assert abs(frac - 0.5) < 0.01
+
+
+def test_an_offset_seed_at_the_offset_step_draws_the_seeds_bits():
+    """A graph run by several blocks holds seeds offset by the block's key and gets the step XOR that key: the
+    bits are those of the block's own seed at the real step, for plain and per-group (experts) streams."""
+    gen = torch.Generator().manual_seed(0)
+    for seed, step, offset in torch.randint(0, 1 << 32, (200, 3), generator=gen, dtype=torch.int64).tolist():
+        assert inv_mix32(mix32(seed)) == seed and mix32(inv_mix32(seed)) == seed
+        shifted = offset_seed(seed, offset)
+        assert stream_keys(sr_stream(shifted, step ^ offset)) == stream_keys(sr_stream(seed, step))
+        g = step % 64
+        assert stream_keys(sr_stream(group_seed(shifted, g), step ^ offset)) == stream_keys(
+            sr_stream(group_seed(seed, g), step))
+    assert bits_equal(sr_bits((3, 5), sr_stream(offset_seed(9, 1234), 7 ^ 1234)), sr_bits((3, 5), sr_stream(9, 7)))
+
+
+def test_path_keys_split_at_any_module():
+    """A GEMM's path key is its block's key XOR the key of its path inside the block (at the block's depth), so
+    every block's graph can hold the same seeds; different blocks, depths and parts give different keys."""
+    assert path_key("blocks.3.attn.qkv") == path_key("blocks.3") ^ path_key("attn.qkv", 2)
+    assert path_key("") == 0
+    keys = {path_key(p) for p in ("blocks.3.attn.qkv", "blocks.4.attn.qkv", "blocks.3.mlp.fc1", "attn.qkv",
+                                  "model.blocks.3.attn.qkv", "qkv.attn.3.blocks")}
+    assert len(keys) == 6
+    seeds = [s for path in ("a.0.fc", "a.1.fc") for role in ("fprop", "dgrad") for s in key_seeds(0, (path, role, 0))]
+    assert len(set(seeds)) == len(seeds)

@@ -52,17 +52,19 @@ def test_an_override_naming_no_module_of_the_model_fails_by_name():
 
 
 def test_compiled_blocks_compute_what_the_model_compiled_whole_computes():
-    """Blocks compiled one by one and the same blocks compiled as one model run the same plan, bit for bit."""
+    """Blocks compiled one by one and the same blocks compiled as one model run the same plan, bit for bit
+    (round to nearest: SR's call counter counts graph calls, one per block here)."""
+    recipe = "nvfp4"
     x = torch.randn(2, 16, 64)
     runs = []
     for regional in (False, True):
         torch._dynamo.reset()
         blocks = torch.nn.Sequential(*gpt().blocks)
         if regional:
-            compile_blocks(blocks, "wrap", {"recipe": "nvfp4"})
+            compile_blocks(blocks, "wrap", {"recipe": recipe})
             fn = blocks
         else:
-            fn = torch.compile(blocks, backend="autoprec", options={"recipe": "nvfp4"})
+            fn = torch.compile(blocks, backend="autoprec", options={"recipe": recipe})
         xi = x.clone().requires_grad_()
         out = fn(xi)
         out.square().mean().backward()
@@ -72,6 +74,62 @@ def test_compiled_blocks_compute_what_the_model_compiled_whole_computes():
     assert sorted(plan0) == sorted(plan1)
     assert bits_equal(out0, out1) and bits_equal(gx0, gx1)
     assert all(bits_equal(a, b) for a, b in zip(gp0, gp1))
+
+
+@pytest.fixture
+def inner_compiles(monkeypatch) -> list[str]:
+    """The code of every graph the inner compiler compiled during the test."""
+    from autoprec import backend
+
+    codes, make = [], backend._Variant._compiler
+
+    def counting(self):
+        compiler = make(self)
+
+        def compile_graph(g, example_inputs):
+            codes.append(g.code)
+            return compiler(g, example_inputs)
+
+        return compile_graph
+
+    monkeypatch.setattr(backend._Variant, "_compiler", counting)
+    return codes
+
+
+def block_decisions(plan) -> dict[str, tuple]:
+    """Each block's decisions, named inside the block (what its compiled graph depends on)."""
+    by_block: dict[str, list] = {}
+    for d in plan.decisions:
+        _, index, rest = d.module.split(".", 2)
+        by_block.setdefault(index, []).append((rest, d.role, d.key[2], d.fmt, d.rounding, d.rht, d.tile2d))
+    return {index: tuple(sorted(rows)) for index, rows in by_block.items()}
+
+
+def test_blocks_with_the_same_decisions_compile_once(inner_compiles, monkeypatch):
+    """The inner compiler (inductor's, in practice) runs once per distinct block, not once per block: blocks
+    planned alike share one compiled forward and backward, and each draws the SR bits of its own plan seeds,
+    bit for bit those of graphs holding the seeds themselves (each block's own compile, as before sharing)."""
+    from autoprec import backend
+
+    runs = []
+    for shared in (True, False):
+        torch._dynamo.reset()
+        inner_compiles.clear()
+        if not shared:  # no offset: each block's graph holds its plan's seeds and the step input is the counter
+            monkeypatch.setattr(backend, "path_key", lambda path: 0)
+        torch.manual_seed(0)
+        m = TinyGPT(vocab=64, d=64, layers=6, heads=2, ctx=16)
+        compile_blocks(m.blocks, "wrap", {"recipe": "nvfp4_nvidia"})  # SR gradients; its last block in BF16
+        loss = m(*tokens(batch=2, ctx=16, vocab=64))
+        loss.backward()
+        runs.append((loss, [p.grad for p in m.parameters()], len(inner_compiles), block_decisions(autoprec.plan(m))))
+    (loss0, grads0, compiles0, kinds), (loss1, grads1, compiles1, _) = runs
+    assert len(kinds) == 6 and len(set(kinds.values())) == 2
+    assert compiles0 == 2 * 2  # a forward and a backward per kind of block
+    assert compiles1 == 2 + 6  # the forwards (round to nearest: no seeds) per kind, the SR backwards per block
+    assert bits_equal(loss0, loss1) and all(bits_equal(a, b) for a, b in zip(grads0, grads1))
+    qkv = [g for (name, _), g in zip(m.named_parameters(), grads0) if name.endswith("attn.qkv.weight")]
+    assert not any(bits_equal(qkv[0], g) for g in qkv[1:4])  # the blocks drew different bits
 
 
 def test_auto_calibrates_every_compiled_block_into_one_plan_and_resumes_it():
