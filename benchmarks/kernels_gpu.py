@@ -1,7 +1,8 @@
 """GPU throughput of the Triton kernels and of a planned training step.
 
     python benchmarks/kernels_gpu.py [--size 8192] [--hbm-tbs 4.8] [--bf16-tflops 989] [--layers 24]
-                                     [--no-step | --step-only] [--profile] [--graphs] [--dry-run]
+                                     [--compile blocks|whole] [--no-step | --step-only] [--profile] [--graphs]
+                                     [--dry-run]
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies as dispatch
@@ -17,7 +18,10 @@ Triton's one-launch kernels); bmm rows time a planned batched product (attention
 bf16 bmm; grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each
 against one quantization per group.
 The step is one forward+backward of a ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under
-plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor); --graphs adds the bf16 and nvfp4
+plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor), each compiled as torchtitan does:
+every block and the head on its own (--compile blocks; the embeddings and the loss run eagerly in every row), so
+blocks planned alike share one compile and the warm-up does not grow with the layers (--compile whole: the model
+as one graph, as the H200 run of 2026-12-04 did at 8 layers); --graphs adds the bf16 and nvfp4
 steps under mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py
 measures). The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize >=
 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
@@ -45,6 +49,8 @@ def main() -> None:
     parser.add_argument("--hbm-tbs", type=float, default=4.8)
     parser.add_argument("--bf16-tflops", type=float, default=989.0)
     parser.add_argument("--layers", type=int, default=24, help="layers of the d=1024 GPT timed for one step")
+    parser.add_argument("--compile", choices=("blocks", "whole"), default="blocks",
+                        help="the step's model compiled block by block (and its head), or as one graph")
     parser.add_argument("--no-step", action="store_true", help="skip the training-step comparison")
     parser.add_argument("--sweep", action="store_true", help="time the tensor-core GEMM's tile configurations")
     parser.add_argument("--profile", action="store_true", help="profile one step of each plan (top GPU ops)")
@@ -64,7 +70,7 @@ def main() -> None:
     else:
         rig, n = Rig(), args.size
     if args.step_only:
-        training_step(rig, args.layers, args.profile, args.graphs)
+        training_step(rig, args.layers, args.compile == "blocks", args.profile, args.graphs)
         return
     from autoprec.formats import get_format
     from autoprec.kernels import quantize
@@ -114,7 +120,7 @@ def main() -> None:
     batched(rig, args.bf16_tflops)
     grouped_quantize(rig, args.hbm_tbs)
     if not args.no_step:
-        training_step(rig, args.layers, args.profile, args.graphs)
+        training_step(rig, args.layers, args.compile == "blocks", args.profile, args.graphs)
 
 
 def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
@@ -315,10 +321,11 @@ def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
             print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (hbm_tbs * 1e3):>7.0f}%")
 
 
-def training_step(rig: Rig, layers: int, profile: bool = False, graphs: bool = False) -> None:
+def training_step(rig: Rig, layers: int, regional: bool, profile: bool = False, graphs: bool = False) -> None:
     """Seconds per forward+backward of a GPT in bf16 (inductor) and under autoprec's plans (inner inductor);
-    ``profile``: each plan's step also profiled once; ``graphs``: the bf16 and nvfp4 steps again under
-    ``mode="reduce-overhead"`` (CUDA graphs: one replay per graph instead of a launch per kernel)."""
+    ``regional``: each block and the head compiled on its own, else the whole model; ``profile``: each plan's step
+    also profiled once; ``graphs``: the bf16 and nvfp4 steps again under ``mode="reduce-overhead"`` (CUDA graphs:
+    one replay per graph instead of a launch per kernel)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import autoprec
 
@@ -326,7 +333,8 @@ def training_step(rig: Rig, layers: int, profile: bool = False, graphs: bool = F
 
     d, heads, ctx, batch, vocab = rig.gpt
     idx, tgt = (t.to(rig.device) for t in tokens(batch=batch, ctx=ctx, vocab=vocab))
-    print(f"\n{f'training step, GPT {layers}x{d}':<28}{'ms':>9}{'x bf16':>8}{'calls 1/2/3 s':>15}  FLOP shares")
+    how = "per block" if regional else "whole"
+    print(f"\n{f'training step, GPT {layers}x{d}, {how}':<28}{'ms':>9}{'x bf16':>8}{'calls 1/2/3 s':>15}  FLOP shares")
     runs = [("bf16 (inductor)", None, None), ("autoprec nvfp4", "nvfp4", None), ("autoprec mxfp8", "mxfp8", None),
             ("autoprec auto", "auto", None)]
     if graphs:
@@ -338,10 +346,16 @@ def training_step(rig: Rig, layers: int, profile: bool = False, graphs: bool = F
         torch.manual_seed(0)
         model = TinyGPT(vocab=vocab, d=d, layers=layers, heads=heads, ctx=ctx, sdpa=True).to(rig.device).bfloat16()
         if recipe is None:
-            compiled = torch.compile(model, mode=mode)
+            how = {"mode": mode}
         else:  # torch.compile takes mode or options, not both: autoprec's options carry the mode
-            options = {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode else {})
-            compiled = torch.compile(model, backend="autoprec", options=options)
+            how = {"backend": "autoprec", "options": {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode
+                                                                                               else {})}
+        if regional:
+            for module in [*model.blocks, model.lm_head]:
+                module.compile(**how)
+            compiled = model
+        else:
+            compiled = torch.compile(model, **how)
 
         def step() -> None:
             torch.compiler.cudagraph_mark_step_begin()
