@@ -134,6 +134,32 @@ def test_blocks_with_the_same_decisions_compile_once(inner_compiles, monkeypatch
     assert all(bits_equal(a, b) for a, b in zip(grads0, grads1))
 
 
+@pytest.mark.slow
+def test_blocks_share_inductors_compile(monkeypatch):
+    """With inner inductor (what the sharing saves: its compile is most of a block's), blocks planned alike cost
+    one forward and one backward compile, and compute what compiles of their own compute."""
+    import torch._inductor.compile_fx as compile_fx
+
+    from autoprec import backend
+
+    compiles, inner = [], compile_fx.compile_fx_inner
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", lambda *a, **kw: compiles.append(1) or inner(*a, **kw))
+    runs = []
+    for shared in (True, False):
+        torch._dynamo.reset()
+        compiles.clear()
+        if not shared:
+            monkeypatch.setattr(backend, "path_key", lambda path: 0)
+        m = gpt()
+        compile_blocks(m.blocks, "wrap", {"recipe": "nvfp4_nvidia", "inner": "inductor"})  # block 2 in BF16
+        loss = m(*tokens(batch=2, ctx=16, vocab=64))
+        loss.backward()
+        runs.append((loss, [p.grad for p in m.parameters()], len(compiles)))
+    (loss0, grads0, compiles0), (loss1, grads1, compiles1) = runs
+    assert compiles0 == 2 * 2 and compiles1 == 2 + 3  # per kind of block; unshared, the SR backwards per block
+    assert bits_equal(loss0, loss1) and all(bits_equal(a, b) for a, b in zip(grads0, grads1))
+
+
 def test_auto_calibrates_every_compiled_block_into_one_plan_and_resumes_it():
     m = gpt()
     compile_blocks(m.blocks, "wrap", {"recipe": "auto"})
