@@ -14,12 +14,11 @@ graph can serve several module instances (identical blocks after a graph break, 
 its own): the backend keeps one variant per set of parameter objects and names each variant's GEMMs by the
 modules it really runs. The step input carries the variant's module ``path_key`` XOR the counter, so blocks
 with the same decisions rewrite to the same graph (their seeds offset by it alike), and the inner compiler
-(inductor's, the costly part) runs once for all of them (``CompiledGraph.compile_once``).
+(inductor's, the costly part) runs once for all of them (``inner_compiles.py``).
 """
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -30,6 +29,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 
 from autoprec.cost import device_note
+from autoprec.inner_compiles import InnerCompiles
 from autoprec.model_plan import ModelPlan, plan_for
 from autoprec.model_root import find_root, frame_prefix, module_name, named_modules, named_parameters
 from autoprec.options import CompileOptions, parse_options
@@ -144,7 +144,7 @@ class _Variant:
         return select_decomp_table()
 
     def _inner_compiler(self) -> Callable:
-        return self.owner.compile_once(self._compiler())
+        return self.owner.inner.once(self._compiler())
 
     def _compiler(self) -> Callable:
         if self.opts.inner != "inductor":
@@ -345,23 +345,8 @@ class CompiledGraph:
                                 torch.device("cpu"))
         self.gm, self.example_inputs = _with_step_input(gm, inputs, self.step_device)
         self.variants: dict[tuple[int, ...], _Variant] = {}
-        # compiled graphs by (code, example inputs): variants that rewrite to the same graph share one compile
-        self.compiled: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.inner = InnerCompiles()  # what the variants' inner compiler compiled, for the variants alike
         self._variant(list(example_inputs)).compiled()
-
-    def compile_once(self, compiler: Callable) -> Callable:
-        """``compiler`` run once per distinct graph of this dynamo graph's variants: a variant whose rewritten
-        forward (backward, inference graph) is the same code on the same example inputs as another's (a block
-        with the same decisions: its seeds are offset by its ``path_key``, which the step input carries) runs
-        that compiled function. Kept while some variant's compiled function holds it."""
-        def compile_or_reuse(g: fx.GraphModule, example_inputs):
-            key = (g.code, tuple(_input_meta(x) for x in example_inputs))
-            fn = self.compiled.get(key)
-            if fn is None:
-                fn = self.compiled[key] = compiler(g, example_inputs)
-            return fn
-
-        return compile_or_reuse
 
     def _variant(self, args: list) -> _Variant:
         key = tuple(id(a) for a in args if isinstance(a, torch.nn.Parameter))
@@ -371,13 +356,6 @@ class CompiledGraph:
 
     def __call__(self, *args):
         return self._variant(list(args))(*args)
-
-
-def _input_meta(x) -> tuple | str:
-    """What a compiled graph's example input fixes: a tensor's shape, strides, dtype and device, else its value."""
-    if isinstance(x, torch.Tensor):
-        return str(tuple(x.shape)), str(x.stride()), x.dtype, x.device, x.requires_grad
-    return repr(x)
 
 
 def _source_name(node: fx.Node) -> str | None:

@@ -210,3 +210,33 @@ def test_a_wrapped_model_is_planned_at_the_wrapper_and_resumes_through_either():
     resumed = autoprec.plan(again)
     assert [(d.key, d.fmt) for d in resumed.decisions] == [(d.key, d.fmt) for d in plan.decisions]
     assert all(d.reason.startswith("plan file") for d in resumed.decisions)
+
+
+def test_a_reused_compile_reports_the_output_strides_of_its_compile():
+    """A graph compiled once runs again for the next variant without compiling, and reports the output strides
+    its compile reported (inductor's layout of the forward's outputs, which AOTAutograd lays the backward's saved
+    inputs out by); a graph of other code, or on other inputs, compiles."""
+    from torch._guards import TracingContext, tracing
+
+    from autoprec.inner_compiles import InnerCompiles
+
+    calls = []
+
+    def compiler(g, example_inputs):
+        calls.append(g.code)
+        TracingContext.get().output_strides.append((1, 8))  # as inductor reports a forward's output
+        return lambda args: g(*args)
+
+    def traced(fn):
+        return torch.fx.symbolic_trace(fn)
+
+    inner, keep = InnerCompiles(), []
+    x = torch.randn(8, 8)
+    for fn, inputs in ((lambda a: a * 2, [x]), (lambda a: a * 2, [x]), (lambda a: a * 3, [x]),
+                       (lambda a: a * 2, [x.t()])):
+        context = TracingContext(None)
+        with tracing(context), TracingContext.report_output_strides() as strides:
+            keep.append(inner.once(compiler)(traced(fn), inputs))
+        assert strides == [(1, 8)]
+    assert len(calls) == 3
+    assert keep[0] is keep[1] and keep[2] is not keep[0] and keep[3] is not keep[0]
