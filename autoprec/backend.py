@@ -14,7 +14,8 @@ graph can serve several module instances (identical blocks after a graph break, 
 its own): the backend keeps one variant per set of parameter objects and names each variant's GEMMs by the
 modules it really runs. The step input carries the variant's module ``path_key`` XOR the counter, so blocks
 with the same decisions rewrite to the same graph (their seeds offset by it alike), and the inner compiler
-(inductor's, the costly part) runs once for all of them (``inner_compiles.py``).
+(inductor's, the costly part) runs once for all of them (``inner_compiles.py``), even where each block
+has a dynamo graph of its own.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 
 from autoprec.cost import device_note
-from autoprec.inner_compiles import InnerCompiles
+from autoprec.inner_compiles import compile_once
 from autoprec.model_plan import ModelPlan, plan_for
 from autoprec.model_root import find_root, frame_prefix, module_name, named_modules, named_parameters
 from autoprec.options import CompileOptions, parse_options
@@ -144,7 +145,11 @@ class _Variant:
         return select_decomp_table()
 
     def _inner_compiler(self) -> Callable:
-        return self.owner.inner.once(self._compiler())
+        if self.opts.inner != "inductor":
+            return compile_once(self._compiler(), ("aot_eager",))
+        from torch._inductor import config
+
+        return compile_once(self._compiler(), ("inductor", self.opts.mode, config.get_hash()))
 
     def _compiler(self) -> Callable:
         if self.opts.inner != "inductor":
@@ -345,7 +350,6 @@ class CompiledGraph:
                                 torch.device("cpu"))
         self.gm, self.example_inputs = _with_step_input(gm, inputs, self.step_device)
         self.variants: dict[tuple[int, ...], _Variant] = {}
-        self.inner = InnerCompiles()  # what the variants' inner compiler compiled, for the variants alike
         self._variant(list(example_inputs)).compiled()
 
     def _variant(self, args: list) -> _Variant:

@@ -1,46 +1,69 @@
-"""The inner compiles of one dynamo graph's variants, shared where their rewritten graphs are the same.
+"""Inner compiles shared by graphs that rewrite to the same code.
 
 A dynamo graph run by several module instances (identical blocks after a graph break, or each block compiled
-on its own) is planned and rewritten per instance (backend.py's variants). Blocks with the same decisions
-rewrite to the same code (their SR seeds are offset by the block's ``path_key``, which the step input carries),
-so the inner compiler, inductor's and by far the costly part, need run once for all of them.
+on its own) is planned and rewritten per instance (backend.py's variants), and a model whose blocks guard on
+their index (a KV cache's layer, say) gives each block a dynamo graph of its own. Blocks with the same
+decisions rewrite to the same code (their SR seeds are offset by the block's ``path_key``, which the step
+input carries), so the inner compiler, inductor's and by far the costly part, need run once for all of them:
+as inductor's own graph cache does across processes, a graph is reused by its code, its constants' values,
+its example inputs and the compiler's settings.
 """
 from __future__ import annotations
 
+import hashlib
 import weakref
 from collections.abc import Callable
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+# compiled graphs by key, each with the output strides its compile reported (inductor's layout of a forward's
+# outputs), kept while some compiled model holds the compiled function
+_COMPILED: dict[tuple, tuple[weakref.ref, list | None]] = {}
 
 
-class InnerCompiles:
-    """Compiled graphs by (code, example inputs), each kept while some variant's compiled function holds it."""
+def compile_once(compiler: Callable, settings: tuple) -> Callable:
+    """``compiler`` (whose behaviour ``settings`` fixes) run once per distinct graph: a graph that is the same code
+    on the same constants and example inputs as one compiled before runs that compiled function, and reports the
+    output strides its compile reported (AOTAutograd lays the backward's saved inputs out by them)."""
+    def compile_or_reuse(g: fx.GraphModule, example_inputs):
+        key = (settings, g.code, _constants(g), tuple(_input_meta(x) for x in example_inputs))
+        context = torch._guards.TracingContext.try_get()
+        reported = None if context is None else context.output_strides
+        ref, strides = _COMPILED.get(key, (lambda: None, None))
+        fn = ref()
+        if fn is None:
+            start = 0 if reported is None else len(reported)
+            fn = compiler(g, example_inputs)
+            for dead in [k for k, (r, _) in _COMPILED.items() if r() is None]:
+                del _COMPILED[dead]
+            _COMPILED[key] = (weakref.ref(fn), None if reported is None else reported[start:])
+        elif reported is not None and strides:
+            reported.extend(strides)
+        return fn
 
-    def __init__(self) -> None:
-        # each with the output strides the compile reported (inductor's layout of the forward's outputs)
-        self.compiled: dict[tuple, tuple[weakref.ref, list | None]] = {}
+    return compile_or_reuse
 
-    def once(self, compiler: Callable) -> Callable:
-        """``compiler`` run once per distinct graph: a graph that is the same code on the same example inputs as
-        one compiled before runs that compiled function, and reports the output strides its compile reported
-        (AOTAutograd lays the backward's saved inputs out by them)."""
-        def compile_or_reuse(g: fx.GraphModule, example_inputs):
-            key = (g.code, tuple(_input_meta(x) for x in example_inputs))
-            context = torch._guards.TracingContext.try_get()
-            reported = None if context is None else context.output_strides
-            ref, strides = self.compiled.get(key, (lambda: None, None))
-            fn = ref()
-            if fn is None:
-                start = 0 if reported is None else len(reported)
-                fn = compiler(g, example_inputs)
-                self.compiled = {k: v for k, v in self.compiled.items() if v[0]() is not None}
-                self.compiled[key] = (weakref.ref(fn), None if reported is None else reported[start:])
-            elif reported is not None and strides:
-                reported.extend(strides)
-            return fn
 
-        return compile_or_reuse
+def _constants(g: fx.GraphModule) -> tuple:
+    """The graph's attributes (lifted constants, subgraphs) by value: two graphs of one code may hold different
+    ones; one that cannot be read by value (a fake tensor, another object) by identity, which no other graph
+    shares."""
+    out = []
+    for node in g.graph.find_nodes(op="get_attr"):
+        value = g
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        if isinstance(value, fx.GraphModule):
+            out.append((node.target, value.code, _constants(value)))
+        elif isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and value.layout == torch.strided:
+            with unset_fake_temporarily():  # compiles run under the graph's fake mode; the constant is real
+                data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            out.append((node.target, _input_meta(value), hashlib.sha1(data).hexdigest()))
+        else:
+            out.append((node.target, id(value)))
+    return tuple(out)
 
 
 def _input_meta(x) -> tuple | str:

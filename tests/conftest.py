@@ -23,9 +23,11 @@ functorch_config.error_on_custom_op_aliasing = True
 
 @pytest.fixture
 def fresh_dynamo():
-    """A clean dynamo cache and plan registry around a compiler test."""
+    """A clean dynamo cache, plan registry and cache of inner compiles around a compiler test."""
+    from autoprec.inner_compiles import _COMPILED
     from autoprec.model_plan import STATES
 
+    _COMPILED.clear()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # graph-break reasons the plan reports
     STATES.clear()

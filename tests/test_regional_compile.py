@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import autoprec
+from autoprec.inner_compiles import _COMPILED
 from autoprec.model_plan import plans_of
 
 from gpt_model import TinyGPT, tokens
@@ -117,6 +118,7 @@ def test_blocks_with_the_same_decisions_compile_once(inner_compiles, monkeypatch
     for shared in (True, False):
         torch._dynamo.reset()
         inner_compiles.clear()
+        _COMPILED.clear()  # the second run compiles its own graphs, not the first's
         if not shared:  # no offset: each block's graph holds its plan's seeds and the step input is the counter
             monkeypatch.setattr(backend, "path_key", lambda path: 0)
         torch.manual_seed(0)
@@ -148,6 +150,7 @@ def test_blocks_share_inductors_compile(monkeypatch):
     for shared in (True, False):
         torch._dynamo.reset()
         compiles.clear()
+        _COMPILED.clear()
         if not shared:
             monkeypatch.setattr(backend, "path_key", lambda path: 0)
         m = gpt()
@@ -213,12 +216,12 @@ def test_a_wrapped_model_is_planned_at_the_wrapper_and_resumes_through_either():
 
 
 def test_a_reused_compile_reports_the_output_strides_of_its_compile():
-    """A graph compiled once runs again for the next variant without compiling, and reports the output strides
-    its compile reported (inductor's layout of the forward's outputs, which AOTAutograd lays the backward's saved
-    inputs out by); a graph of other code, or on other inputs, compiles."""
+    """A graph compiled once runs again without compiling (for another block, or another dynamo graph of the same
+    code), and reports the output strides its compile reported (inductor's layout of the forward's outputs, which
+    AOTAutograd lays the backward's saved inputs out by); a graph of other code, constants or inputs compiles."""
     from torch._guards import TracingContext, tracing
 
-    from autoprec.inner_compiles import InnerCompiles
+    from autoprec.inner_compiles import compile_once
 
     calls = []
 
@@ -227,16 +230,21 @@ def test_a_reused_compile_reports_the_output_strides_of_its_compile():
         TracingContext.get().output_strides.append((1, 8))  # as inductor reports a forward's output
         return lambda args: g(*args)
 
-    def traced(fn):
-        return torch.fx.symbolic_trace(fn)
+    class Scale(torch.nn.Module):
+        def __init__(self, by: float) -> None:
+            super().__init__()
+            self.by = torch.tensor(by)  # a plain tensor attribute: a constant of the traced graph
 
-    inner, keep = InnerCompiles(), []
-    x = torch.randn(8, 8)
-    for fn, inputs in ((lambda a: a * 2, [x]), (lambda a: a * 2, [x]), (lambda a: a * 3, [x]),
-                       (lambda a: a * 2, [x.t()])):
-        context = TracingContext(None)
-        with tracing(context), TracingContext.report_output_strides() as strides:
-            keep.append(inner.once(compiler)(traced(fn), inputs))
+        def forward(self, a):
+            return a * self.by
+
+    keep, x = [], torch.randn(8, 8)
+    cases = [(Scale(2.0), x), (Scale(2.0), x), (Scale(3.0), x), (Scale(2.0), x.t()), (Scale(2.0), x)]
+    for module, a in cases:
+        with tracing(TracingContext(None)), TracingContext.report_output_strides() as strides:
+            keep.append(compile_once(compiler, ("test",))(torch.fx.symbolic_trace(module), [a]))
         assert strides == [(1, 8)]
-    assert len(calls) == 3
-    assert keep[0] is keep[1] and keep[2] is not keep[0] and keep[3] is not keep[0]
+    assert len(calls) == 3  # 2.0 on x, 3.0, 2.0 on x.t()
+    assert keep[1] is keep[0] is keep[4] and len({id(f) for f in keep}) == 3
+    with tracing(TracingContext(None)), TracingContext.report_output_strides():
+        assert compile_once(compiler, ("other settings",))(torch.fx.symbolic_trace(Scale(2.0)), [x]) is not keep[0]
