@@ -28,8 +28,11 @@ def compile_once(compiler: Callable, settings: tuple) -> Callable:
     on the same constants and example inputs as one compiled before runs that compiled function, and reports the
     output strides its compile reported (AOTAutograd lays the backward's saved inputs out by them)."""
     def compile_or_reuse(g: fx.GraphModule, example_inputs):
-        key = (settings, g.code, _constants(g), tuple(_input_meta(x) for x in example_inputs))
         context = torch._guards.TracingContext.try_get()
+        # symbolic sizes: compiled under the facts its shape environment holds, so shared only within it
+        shapes = id(context.fake_mode.shape_env) if context and context.fake_mode and any(
+            _symbolic(x) for x in example_inputs) else None
+        key = (settings, shapes, g.code, _constants(g), tuple(_input_meta(x) for x in example_inputs))
         reported = None if context is None else context.output_strides
         ref, strides = _COMPILED.get(key, (lambda: None, None))
         fn = ref()
@@ -64,6 +67,13 @@ def _constants(g: fx.GraphModule) -> tuple:
         else:
             out.append((node.target, id(value)))
     return tuple(out)
+
+
+def _symbolic(x) -> bool:
+    """Whether an example input has a symbolic value, size or stride."""
+    if isinstance(x, torch.Tensor):
+        return any(isinstance(v, torch.SymInt) for v in (*x.shape, *x.stride()))
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _input_meta(x) -> tuple | str:

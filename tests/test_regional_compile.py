@@ -248,3 +248,28 @@ def test_a_reused_compile_reports_the_output_strides_of_its_compile():
     assert keep[1] is keep[0] is keep[4] and len({id(f) for f in keep}) == 3
     with tracing(TracingContext(None)), TracingContext.report_output_strides():
         assert compile_once(compiler, ("other settings",))(torch.fx.symbolic_trace(Scale(2.0)), [x]) is not keep[0]
+
+
+class IndexedMLP(torch.nn.Module):
+    """An MLP whose forward reads its index (as a layer reads its KV cache's): dynamo guards on it, so every
+    instance gets a dynamo graph of its own, of the same code."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.fc1, self.fc2 = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x))) if self.index >= 0 else x
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_graphs_with_symbolic_sizes_share_compiles_only_within_their_shape_environment(inner_compiles, dynamic):
+    """Two dynamo graphs of the same code share their compiles when their sizes are static; with symbolic sizes
+    each was compiled under its own shape environment's facts, so each compiles."""
+    torch.manual_seed(0)
+    mlps = torch.nn.ModuleList(IndexedMLP(i) for i in range(2))
+    for mlp in mlps:
+        mlp.compile(backend="autoprec", options={"recipe": "nvfp4"}, dynamic=dynamic)
+        mlp(torch.randn(32, 64, requires_grad=True)).sum().backward()
+    assert len(inner_compiles) == 2 * (2 if dynamic else 1)
