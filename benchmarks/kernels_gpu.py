@@ -346,16 +346,16 @@ def training_step(rig: Rig, layers: int, regional: bool, profile: bool = False, 
         torch.manual_seed(0)
         model = TinyGPT(vocab=vocab, d=d, layers=layers, heads=heads, ctx=ctx, sdpa=True).to(rig.device).bfloat16()
         if recipe is None:
-            how = {"mode": mode}
+            compile_args = {"mode": mode}
         else:  # torch.compile takes mode or options, not both: autoprec's options carry the mode
-            how = {"backend": "autoprec", "options": {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode
-                                                                                               else {})}
+            options = {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode else {})
+            compile_args = {"backend": "autoprec", "options": options}
         if regional:
             for module in [*model.blocks, model.lm_head]:
-                module.compile(**how)
+                module.compile(**compile_args)
             compiled = model
         else:
-            compiled = torch.compile(model, **how)
+            compiled = torch.compile(model, **compile_args)
 
         def step() -> None:
             torch.compiler.cudagraph_mark_step_begin()

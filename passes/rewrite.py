@@ -142,8 +142,8 @@ def rewrite_matmuls(
     gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions,
     step: StepInput,
 ) -> int:
-    """Replace every rewritten decision's node; returns how many were replaced. ``step`` is the graph
-    input carrying the model's call counter (stochastic rounding's step)."""
+    """Replace every rewritten decision's node; returns how many were replaced. ``step``: the graph input
+    carrying the model's call counter (stochastic rounding's step), and the offset the ops' seeds take."""
     graph = gm.graph
     count = 0
     replaced: dict[fx.Node, fx.Node] = {}  # a GEMM's output feeding another GEMM: use the rewritten node
