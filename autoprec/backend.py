@@ -19,6 +19,7 @@ has a dynamo graph of its own.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -307,8 +308,14 @@ class _Variant:
         return self._interpreter(gm, example_inputs, on_end=self._end_run)
 
     def _partition(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, **kwargs):
+        """The rewritten joint graph min-cut partitioned; a variant that rewrote to the joint graph another one did
+        (a block of the same kind) takes copies of its partition (AOTAutograd goes on editing the ones it gets)."""
         self._plan_and_rewrite(joint, num_fwd_outputs)
-        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        key = (joint.code, num_fwd_outputs, repr(sorted(kwargs.items())))
+        if key not in self.owner.partitions:
+            self.owner.partitions[key] = tuple(_copy(g) for g in min_cut_rematerialization_partition(
+                joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs))
+        fw, bw = (_copy(g) for g in self.owner.partitions[key])
         self.state.saved_bytes[self.label] = saved_tensor_bytes(fw, num_fwd_outputs)
         return fw, bw
 
@@ -350,6 +357,7 @@ class CompiledGraph:
                                 torch.device("cpu"))
         self.gm, self.example_inputs = _with_step_input(gm, inputs, self.step_device)
         self.variants: dict[tuple[int, ...], _Variant] = {}
+        self.partitions: dict[tuple, tuple[fx.GraphModule, fx.GraphModule]] = {}  # by rewritten joint graph
         self._variant(list(example_inputs)).compiled()
 
     def _variant(self, args: list) -> _Variant:
@@ -360,6 +368,11 @@ class CompiledGraph:
 
     def __call__(self, *args):
         return self._variant(list(args))(*args)
+
+
+def _copy(g: fx.GraphModule) -> fx.GraphModule:
+    """A graph module with a copy of ``g``'s graph (its nodes' metadata shallow-copied) and ``g``'s attributes."""
+    return fx.GraphModule(g, copy.deepcopy(g.graph))
 
 
 def _source_name(node: fx.Node) -> str | None:

@@ -108,16 +108,20 @@ def block_decisions(plan) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("experts", [0, 4])
 def test_blocks_with_the_same_decisions_compile_once(inner_compiles, monkeypatch, experts):
-    """The inner compiler (inductor's, in practice) runs once per distinct block, not once per block: blocks
-    planned alike share one compiled forward and backward, and each draws the SR bits of its own plan seeds,
-    bit for bit those of graphs holding the seeds themselves (each block's own compile, as before sharing);
-    with MoE MLPs, each expert's too."""
+    """The inner compiler (inductor's, in practice) and the min-cut partition run once per distinct block, not once
+    per block: blocks planned alike share one compiled forward and backward, and each draws the SR bits of its own
+    plan seeds, bit for bit those of graphs holding the seeds themselves (each block's own compile, as before
+    sharing); with MoE MLPs, each expert's too."""
     from autoprec import backend
 
+    partitions, partition = [], backend.min_cut_rematerialization_partition
+    monkeypatch.setattr(backend, "min_cut_rematerialization_partition",
+                        lambda *a, **kw: partitions.append(1) or partition(*a, **kw))
     runs = []
     for shared in (True, False):
         torch._dynamo.reset()
         inner_compiles.clear()
+        partitions.clear()
         _COMPILED.clear()  # the second run compiles its own graphs, not the first's
         if not shared:  # no offset: each block's graph holds its plan's seeds and the step input is the counter
             monkeypatch.setattr(backend, "path_key", lambda path: 0)
@@ -127,11 +131,11 @@ def test_blocks_with_the_same_decisions_compile_once(inner_compiles, monkeypatch
         loss = m(*tokens(batch=2, ctx=16, vocab=64))
         loss.backward()
         grads = [p.grad for p in m.parameters() if p.grad is not None]
-        runs.append((loss, grads, len(inner_compiles), block_decisions(autoprec.plan(m))))
+        runs.append((loss, grads, (len(inner_compiles), len(partitions)), block_decisions(autoprec.plan(m))))
     (loss0, grads0, compiles0, kinds), (loss1, grads1, compiles1, _) = runs
     assert len(kinds) == 4 and len(set(kinds.values())) == 2
-    assert compiles0 == 2 * 2  # a forward and a backward per kind of block
-    assert compiles1 == 2 + 4  # the forwards (round to nearest: no seeds) per kind, the SR backwards per block
+    assert compiles0 == (2 * 2, 2)  # a forward and a backward, from one partition, per kind of block
+    assert compiles1 == (2 + 4, 4)  # the forwards (round to nearest: no seeds) per kind, the SR backwards per block
     assert len(grads0) == len(grads1) and bits_equal(loss0, loss1)
     assert all(bits_equal(a, b) for a, b in zip(grads0, grads1))
 
