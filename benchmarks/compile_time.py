@@ -6,8 +6,8 @@ Each backend starts from a fresh dynamo cache on the same 12-layer GPT. Three ca
 first compiles; with recipe ``auto`` it also calibrates, and the second call compiles the rewritten
 graphs; the third is a steady step. "per block" rows compile each block on its own (regional compilation,
 as torchtitan does; the embeddings and the head run eagerly): dynamo traces the block once, autoprec plans
-and rewrites each block's graph (AOTAutograd's trace and its passes), and the inner compiler (inductor's)
-runs once per kind of block: blocks planned alike rewrite to the same graph.
+and rewrites each block's graph (AOTAutograd's joint trace and its passes), and the min-cut partition and the
+inner compiler (inductor's) run once per kind of block: blocks planned alike rewrite to the same graph.
 """
 from __future__ import annotations
 
