@@ -312,10 +312,12 @@ class _Variant:
         (a block of the same kind) takes copies of its partition (AOTAutograd goes on editing the ones it gets)."""
         self._plan_and_rewrite(joint, num_fwd_outputs)
         key = (joint.code, num_fwd_outputs, repr(sorted(kwargs.items())))
-        if key not in self.owner.partitions:
-            self.owner.partitions[key] = tuple(_copy(g) for g in min_cut_rematerialization_partition(
-                joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs))
-        fw, bw = (_copy(g) for g in self.owner.partitions[key])
+        kept = self.owner.partitions.get(key)
+        if kept is None:
+            fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+            self.owner.partitions[key] = (_copy(fw), _copy(bw))
+        else:
+            fw, bw = (_copy(g) for g in kept)
         self.state.saved_bytes[self.label] = saved_tensor_bytes(fw, num_fwd_outputs)
         return fw, bw
 
