@@ -33,3 +33,23 @@ def fresh_dynamo():
     STATES.clear()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def inner_compiles(monkeypatch) -> list[str]:
+    """The code of every graph the inner compiler compiled during the test."""
+    from autoprec import backend
+
+    codes, make = [], backend._Variant._compiler
+
+    def counting(self):
+        compiler = make(self)
+
+        def compile_graph(g, example_inputs):
+            codes.append(g.code)
+            return compiler(g, example_inputs)
+
+        return compile_graph
+
+    monkeypatch.setattr(backend._Variant, "_compiler", counting)
+    return codes

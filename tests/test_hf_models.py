@@ -83,15 +83,10 @@ def test_gpt2_blocks_compiled_on_their_own_plan_the_model():
     assert plan.not_compiled == ["transformer.wte", "transformer.wpe", "lm_head"]
 
 
-def test_llama_layers_planned_alike_share_their_compiles(monkeypatch):
+def test_llama_layers_planned_alike_share_their_compiles(inner_compiles):
     """Each Llama decoder layer compiled alone: its KV cache's layer guard gives every layer a dynamo graph of its
     own, yet layers planned alike (nvfp4_nvidia: SR gradients; the last of three in BF16) rewrite to the same
     code and run one compiled forward and backward per kind (inner_compiles.py), each layer in its plan."""
-    from autoprec import backend
-
-    compiled, make = [], backend._Variant._compiler
-    monkeypatch.setattr(backend._Variant, "_compiler",
-                        lambda self: lambda g, ex: compiled.append(g.code) or make(self)(g, ex))
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
@@ -102,4 +97,4 @@ def test_llama_layers_planned_alike_share_their_compiles(monkeypatch):
     plan = autoprec.plan(m)
     assert {d.module.split(".")[2] for d in plan.decisions} == {"0", "1", "2"}
     assert {d.fmt for d in plan.decisions if d.module.startswith("model.layers.2.")} == {"bf16"}
-    assert len(compiled) == 2 * 2
+    assert len(inner_compiles) == 2 * 2

@@ -55,17 +55,16 @@ def test_an_override_naming_no_module_of_the_model_fails_by_name():
 def test_compiled_blocks_compute_what_the_model_compiled_whole_computes():
     """Blocks compiled one by one and the same blocks compiled as one model run the same plan, bit for bit
     (round to nearest: SR's call counter counts graph calls, one per block here)."""
-    recipe = "nvfp4"
     x = torch.randn(2, 16, 64)
     runs = []
     for regional in (False, True):
         torch._dynamo.reset()
         blocks = torch.nn.Sequential(*gpt().blocks)
         if regional:
-            compile_blocks(blocks, "wrap", {"recipe": recipe})
+            compile_blocks(blocks, "wrap", {"recipe": "nvfp4"})
             fn = blocks
         else:
-            fn = torch.compile(blocks, backend="autoprec", options={"recipe": recipe})
+            fn = torch.compile(blocks, backend="autoprec", options={"recipe": "nvfp4"})
         xi = x.clone().requires_grad_()
         out = fn(xi)
         out.square().mean().backward()
@@ -75,26 +74,6 @@ def test_compiled_blocks_compute_what_the_model_compiled_whole_computes():
     assert sorted(plan0) == sorted(plan1)
     assert bits_equal(out0, out1) and bits_equal(gx0, gx1)
     assert all(bits_equal(a, b) for a, b in zip(gp0, gp1))
-
-
-@pytest.fixture
-def inner_compiles(monkeypatch) -> list[str]:
-    """The code of every graph the inner compiler compiled during the test."""
-    from autoprec import backend
-
-    codes, make = [], backend._Variant._compiler
-
-    def counting(self):
-        compiler = make(self)
-
-        def compile_graph(g, example_inputs):
-            codes.append(g.code)
-            return compiler(g, example_inputs)
-
-        return compile_graph
-
-    monkeypatch.setattr(backend._Variant, "_compiler", counting)
-    return codes
 
 
 def block_decisions(plan) -> dict[str, tuple]:
