@@ -18,11 +18,11 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
+from autoprec.kernels.block_scales_triton import atomic_max_bits
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_triton import (
     _index_strides,
     _rht_operand,
-    atomic_max_bits,
     kernel_keys,
     mxfp8_tile,
     nvfp4_tile,

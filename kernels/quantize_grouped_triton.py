@@ -22,6 +22,7 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
+from autoprec.kernels.block_scales_triton import tensor_scales
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
@@ -38,7 +39,6 @@ from autoprec.kernels.quantize_triton import (
     int32_arg,
     mxfp8_encode_store,
     nvfp4_encode_store,
-    tensor_scales,
 )
 from autoprec.kernels.random_bits import M32
 

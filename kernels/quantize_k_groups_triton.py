@@ -19,6 +19,7 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
+from autoprec.kernels.block_scales_triton import atomic_max_bits, tensor_scales
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
@@ -29,10 +30,8 @@ from autoprec.kernels.quantize_triton import (
     _configs,
     _load_tile,
     _rht_operand,
-    atomic_max_bits,
     mxfp8_encode_store,
     nvfp4_encode_store,
-    tensor_scales,
 )
 
 

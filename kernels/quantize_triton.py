@@ -2,7 +2,9 @@
 
 The input is read through its strides as a 2D (R, K) matrix whose K is the block axis, so quantizing
 ``x`` along dim 0 (the transposed copy wgrad needs) reads ``x`` in place; nothing is transposed in high
-precision. Outputs are laid out like the reference's (block axis last) and match it byte for byte.
+precision. Outputs are laid out like the reference's (block axis last) and match it byte for byte. The tile
+kernels here quantize rows (K the unit-stride dim) and 16x16 tiles; ``quantize_triton`` hands blocks read down a
+strided dim to the slice kernels of ``quantize_cols_triton``.
 """
 from __future__ import annotations
 
@@ -15,20 +17,22 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
-from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
+from autoprec.kernels.block_scales_triton import (
+    INF_BITS,
+    atomic_max_bits,
+    mxfp8_block_exponents,
+    nvfp4_block_scales,
+)
+from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import (
-    FLT_MAX,
     encode_float8,
-    floor_log2,
+    hadamard_signs,
     pow2,
     round_and_encode,
-    round_to_element,
     sr_hash_bits,
     step_stream_keys,
 )
-from autoprec.kernels.nvfp4_ref import FP4_TIMES_FP8_MAX as _FP4_TIMES_FP8_MAX
-from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
 
@@ -40,32 +44,31 @@ AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping
 # and checks registers). The first three give each thread 8 elements; the last three 32, which spreads each
 # program's fixed work (indices, the tensor scales' divisions) over 4x the elements: 33 sm_90 instructions
 # per element instead of 54 for the NVFP4 row quantizer. Not yet timed or checked on a GPU
-# (tests/test_gpu_quantize.py forces every config against the reference), so column copies leave them out until
-# one has (``_strided_reads_keep_checked_tiles``). The key holds the block axis's stride, so a square
-# tensor's rows and columns (read down a strided dim) are tuned apart.
+# (tests/test_gpu_quantize.py forces every config against the reference), so strided reads (16x16 tiles of a
+# column copy) leave them out until one has (``_strided_reads_keep_checked_tiles``). The key holds the block
+# axis's stride, so a square tensor's rows and columns are tuned apart.
 CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
     (BLOCK_R, BLOCK_K, 4), (32, 64, 8), (16, 128, 8), (64, 64, 4), (32, 128, 4), (128, 64, 8))]
 H200_CHECKED = CONFIGS[:3]  # the tiles an H200 ran against the reference (stop 21; MXFP8 drops the first)
 
 
 def _strided_reads_keep_checked_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """The autotuner's pruning: blocks read down a strided dim (``s_k`` is not 1: a column copy) tune only over
-    tiles a GPU has checked. The wrong tile an H200 showed (below) was wrong for strided reads alone, and the
-    one-read kernel's wrong copy was a strided one too; rows tune over every tile."""
+    """The autotuner's pruning: blocks read down a strided dim (``s_k`` is not 1: a column copy in 16x16 tiles,
+    the one these kernels still take) tune only over tiles a GPU has checked. The wrong tile an H200 showed
+    (below) was wrong for strided reads alone, and the one-read kernel's wrong copy was a strided one too; rows
+    tune over every tile."""
     return configs if named_args["s_k"] == 1 else [c for c in configs if c in H200_CHECKED]
 
 
 # On an H200 (Triton 3.6) the MXFP8 kernel at the first tile wrote wrong scales for blocks read down a strided
 # dim (blocks along dim 0, or a transposed view; 64% of the scales of a 768x1536 tensor) while the other two
 # tiles were exact on the same inputs; the interpreter is exact at every tile. The cause is not known, so on a
-# GPU the MXFP8 kernel is tuned over the tiles that were exact there.
+# GPU the MXFP8 kernel is tuned over the tiles that were exact there (it reads rows alone now: column copies go
+# to the slice kernels).
 MXFP8_GPU_CONFIGS = CONFIGS[1:]
 # The SR stream's keys travel as scalar kernel arguments, not as a tensor: a tensor made from host ints is a
 # host-to-device copy, which waits for the GPU. Not specialized: every quantization has new keys.
 KEY_ARGS = ["k1", "k2"]
-ONE_SIXTH = tl.constexpr(_ONE_SIXTH)  # fp32(1/6)
-FP4_TIMES_FP8_MAX = tl.constexpr(_FP4_TIMES_FP8_MAX)  # 6 · 448
-INF_BITS = tl.constexpr(0x7F800000)  # fp32 Inf's bits: |x|'s bits are at least this for Inf and NaN
 
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
@@ -75,7 +78,7 @@ def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
 @triton.jit
 def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """A [BR, BK/16, 16] fp32 tile of the (R, K) view; with RHT each 16-group is multiplied by
-    H16·diag(signs)/4, summing j = 0..15 in order as the reference does."""
+    H16·diag(signs)/4 (``m_ptr``: the 16 signs), summing j = 0..15 in order as the reference does."""
     nb = tl.arange(0, BK // 16)
     j16 = tl.arange(0, 16)
     rmask = rows < R
@@ -87,7 +90,7 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
             mask = rmask[:, None] & (cols < K)[None, :]
             xj = tl.load(x_ptr + r64[:, None] * s_r + cols.to(tl.int64)[None, :] * s_k, mask=mask,
                          other=0.0).to(tl.float32)
-            mj = tl.load(m_ptr + j * 16 + j16)
+            mj = tl.load(m_ptr + j) * hadamard_signs(j & j16)  # column j of H16·diag(signs)
             y = y + xj[:, :, None] * mj[None, None, :]
         return y * 0.25
     cols = col0 + nb[:, None] * 16 + j16[None, :]
@@ -131,22 +134,6 @@ def _amax_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr, 
     for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
         amax = tl.maximum(amax, tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, t // n_k, t % n_k, BR, BK, RHT))
     atomic_max_bits(amax_ptr + item, amax)
-
-
-@triton.jit
-def atomic_max_bits(ptr, amax):
-    """Max of a non-negative fp32 into an int32 cell holding fp32 bits: such floats order as their bits do,
-    so an integer atomic max is exact."""
-    tl.atomic_max(ptr, amax.to(tl.int32, bitcast=True))
-
-
-@triton.jit
-def tensor_scales(amax):
-    """NVFP4's (S_enc · fp32(1/6), S_dec = 1 / S_enc) of tensor amaxes ``amax`` (fp32, any shape), as
-    ``nvfp4_encode_scale`` and ``scale_to_block`` compute them (IEEE division, one fp32 rounding each)."""
-    s_enc = tl.minimum(tl.math.div_rn(tl.full(amax.shape, FP4_TIMES_FP8_MAX, tl.float32), amax), FLT_MAX)  # 0: Inf
-    s_enc = tl.where(amax > 0, s_enc, 1.0)
-    return s_enc * ONE_SIXTH, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
 
 
 @triton.jit
@@ -199,16 +186,7 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     amax_bits = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 2)
     if TILE2D:
         amax_bits = tl.max(tl.reshape(amax_bits, (BR // 16, 16, NB)), 1)
-    bad = amax_bits >= INF_BITS
-    amax = amax_bits.to(tl.float32, bitcast=True)
-    s_enc6, s_dec = tensor_scales(tl.load(amax_ptr + amax_idx).to(tl.float32, bitcast=True))
-    if not GROUPED:
-        if first:
-            tl.store(ts_ptr, s_dec)
-    s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
-    s_b = tl.where(bad, float("nan"), s_b)
-    e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
-    e_b = tl.where(e_b > FLT_MAX, FLT_MAX, e_b)
+    s_b, e_b = nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED)
 
     nb = tl.arange(0, NB)
     if TILE2D:
@@ -269,14 +247,7 @@ def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_pt
     abs_bits = y.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # ordered as |y|; Inf and NaN at INF_BITS and above
     amax = tl.max(tl.where(abs_bits < INF_BITS, abs_bits, 0), 2).to(tl.float32, bitcast=True)  # finite values
     bad = tl.max(abs_bits, 2) >= INF_BITS
-    if FLOOR:
-        e = tl.where(amax > 0, floor_log2(amax) - EMAX, -127)
-    else:
-        q = tl.math.div_rn(amax, tl.full(amax.shape, MAX, tl.float32))
-        normal = floor_log2(q) + tl.where((q.to(tl.int32, bitcast=True) & 0x7FFFFF) != 0, 1, 0)
-        tiny = tl.where(q > 5.877471754111438e-39, -126, -127)
-        e = tl.where(q >= 1.1754943508222875e-38, normal, tiny)
-    e = tl.minimum(tl.maximum(e, -127), 127)
+    e = mxfp8_block_exponents(amax, EMAX, MAX, FLOOR)
 
     nb = tl.arange(0, NB)
     smask = (rows < R)[:, None] & (col0 // 32 + nb < K // 32)[None, :]
@@ -327,19 +298,20 @@ def int32_arg(bits: int) -> int:
     return bits - (1 << 32) if bits >= 1 << 31 else bits
 
 
-_RHT_MATRICES: dict[tuple[tuple[float, ...], torch.device], torch.Tensor] = {}
+_RHT_SIGNS: dict[tuple[tuple[float, ...], torch.device], torch.Tensor] = {}
 
 
 def _rht_operand(x: torch.Tensor, rht: bool, signs: torch.Tensor | None) -> torch.Tensor:
-    """The kernels' RHT matrix on ``x``'s device, copied there once per sign vector (each copy from the host
-    waits for the GPU); without the RHT, ``x`` itself, a pointer the kernels do not read."""
+    """The kernels' RHT operand, the 16 fp32 signs (H16 itself is built into the kernels), on ``x``'s device,
+    copied there once per sign vector (each copy from the host waits for the GPU); without the RHT, ``x``
+    itself, a pointer the kernels do not read."""
     if not rht:
         return x
     signs = rht_signs() if signs is None else signs
     key = (tuple(signs.cpu().tolist()), x.device)
-    if key not in _RHT_MATRICES:
-        _RHT_MATRICES[key] = rht_matrix(signs.cpu()).t().contiguous().to(x.device)
-    return _RHT_MATRICES[key]
+    if key not in _RHT_SIGNS:
+        _RHT_SIGNS[key] = torch.tensor(key[0], dtype=torch.float32, device=x.device)
+    return _RHT_SIGNS[key]
 
 
 def quantize_triton(
@@ -372,27 +344,45 @@ def quantize_triton(
         r_m = _as_matrix(rand, axis) if rand is not None else m
         r_strides = r_m.stride()
     mt = _rht_operand(x, rht, rht_signs_)
-    grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
     stored = x.shape[:axis] + x.shape[axis + 1:] + (k,)
+    scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // fmt.block_size,)
+    codes = torch.empty(stored[:-1] + (k // 2 if fmt is NVFP4 else k,), device=x.device, dtype=torch.uint8)
+    scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
+    s_dec = torch.empty((), device=x.device, dtype=torch.float32) if fmt is NVFP4 else None
     common = dict(RHT=rht, SR=rand is not None or hashed, HASH=(2 if isinstance(seed, StepStream) else 1) if hashed
                   else 0)
+    args = (m, mt, r_m, *keys, codes, scales)
+    if m.stride(1) != 1 and not tile2d:  # blocks read down a strided dim (a column copy), not in 16x16 tiles
+        from autoprec.kernels.quantize_cols_triton import quantize_cols
+
+        quantize_cols(fmt, args, s_dec, r_strides, scale_mode, common)
+    elif fmt is NVFP4:
+        _nvfp4_kernel[_grid(m)](*args, nvfp4_amax(m, mt, rht), s_dec, *m.shape, *m.stride(), *r_strides,
+                                TILE2D=tile2d, **common)
+    else:
+        _mxfp8_kernel[_grid(m)](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode), **common)
     if fmt is NVFP4:
-        amax = torch.zeros((), device=x.device, dtype=torch.int32)  # fp32 bits; finite values only
-        tiles = cdiv(n_rows, AMAX_R) * cdiv(k, BLOCK_K)
-        _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, n_rows, k, m.stride(0), m.stride(1), 0, BR=AMAX_R,
-                                                   BK=BLOCK_K, RHT=rht)
-        codes = torch.empty(stored[:-1] + (k // 2,), device=x.device, dtype=torch.uint8)
-        scale_shape = (n_rows // 16, k // 16) if tile2d else stored[:-1] + (k // 16,)
-        scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
-        s_dec = torch.empty((), device=x.device, dtype=torch.float32)
-        _nvfp4_kernel[grid](m, mt, r_m, *keys, codes, scales, amax, s_dec,
-                            n_rows, k, m.stride(0), m.stride(1), *r_strides, TILE2D=tile2d, **common)
         return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec, axis, x.shape,
                                16 if tile2d else 1)
+    return QuantizedTensor(fmt, codes.view(fmt.elem.torch_dtype), scales, None, axis, x.shape)
+
+
+def _grid(m: torch.Tensor):
+    """The launch grid of a quantizer tiling the (R, K) matrix ``m`` in BR x BK tiles."""
+    return lambda meta: (cdiv(m.shape[0], meta["BR"]), cdiv(m.shape[1], meta["BK"]))
+
+
+def nvfp4_amax(m: torch.Tensor, mt: torch.Tensor, rht: bool) -> torch.Tensor:
+    """The int32 cell holding the fp32 bits of max|m| (with ``rht``: of the RHT along K; ``mt`` its signs) over the
+    finite values: NVFP4's tensor amax, the quantize kernels' ``amax_ptr``."""
+    amax = torch.zeros((), device=m.device, dtype=torch.int32)
+    tiles = cdiv(m.shape[0], AMAX_R) * cdiv(m.shape[1], BLOCK_K)
+    _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, *m.shape, *m.stride(), 0, BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+    return amax
+
+
+def mxfp8_meta(fmt: Format, scale_mode: str) -> dict:
+    """The MXFP8 kernels' format constexprs."""
     elem = fmt.elem
-    codes = torch.empty(stored, device=x.device, dtype=torch.uint8)
-    scales = torch.empty(stored[:-1] + (k // 32,), device=x.device, dtype=torch.uint8)
-    _mxfp8_kernel[grid](m, mt, r_m, *keys, codes, scales, n_rows, k, m.stride(0), m.stride(1),
-                        *r_strides, EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias,
-                        EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **common)
-    return QuantizedTensor(fmt, codes.view(elem.torch_dtype), scales, None, axis, x.shape)
+    return dict(EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
+                FLOOR=scale_mode == "floor")

@@ -20,6 +20,7 @@ from triton.compiler import ASTSource
 
 from autoprec.formats import get_format
 from autoprec.kernels import grouped_mm_triton as gg
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_grouped_triton as qg
 from autoprec.kernels import quantize_k_groups_triton as kg
@@ -129,7 +130,35 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 mx | wide, {LAUNCH_ALIGNED: True}))
-    return out + dual_kernels(mx) + grouped_kernels(mx) + k_group_kernels(mx) + grouped_gemms()
+    return out + column_kernels(mx) + dual_kernels(mx) + grouped_kernels(mx) + k_group_kernels(mx) + grouped_gemms()
+
+
+def column_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+    """Column copies (blocks down the strided dim of a row-major bf16 tensor: unit stride along R) as a launch
+    specializes them, the wgrad operands': NVFP4 with SR (the step read on the device) and RHT, MXFP8 with SR; the
+    slice kernels at each autotuned tile, their RHT amax pass, and the tile kernels on the same launch (the
+    comparison the tests draw)."""
+    step = {"rand_ptr": "*i64", "x_ptr": "*bf16"}
+    nvfp4 = QUANT_POINTERS | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | SIZES | step
+    launch = {"s_r": 1, "SR": True, "HASH": 2}
+    nv_flags, mx_flags = launch | {"RHT": True}, mx | launch | {"RHT": False}
+    out = [("tile_cols_quantize_nvfp4_launch", qt._nvfp4_kernel.fn, nvfp4,
+            nv_flags | {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "TILE2D": False}, {LAUNCH_ALIGNED: True}),
+           ("tile_cols_quantize_mxfp8_launch", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | step,
+            mx_flags | {"BR": 32, "BK": 64}, {"num_warps": 8, LAUNCH_ALIGNED: True})]
+    for fmt, kernel, sig, flags, configs in (
+            ("nvfp4", qc._nvfp4_cols_kernel, nvfp4, nv_flags, qc.NVFP4_CONFIGS),
+            ("mxfp8", qc._mxfp8_cols_kernel, QUANT_POINTERS | SIZES | step, mx_flags, qc.MXFP8_CONFIGS)):
+        for cfg in configs:
+            out.append((f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
+                        flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
+    amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
+            "s_k": "i32"}
+    out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.AMAX_CONFIG,
+                {LAUNCH_ALIGNED: True}))
+    out.append(("tile_cols_quantize_amax_rht_launch", qt._amax_kernel, amax | {"s_b": "i32"},
+                {"s_r": 1, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {LAUNCH_ALIGNED: True}))
+    return out
 
 
 def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
@@ -285,7 +314,14 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "mma_sync": "mma.sync" in ptx,  # the warp-level tensor-core MMA (sm_80 to sm_120)
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "vector_loads": "ld.global.v4" in ptx, "instructions": sass_instructions(k.asm["cubin"]),
-            "shared": k.metadata.shared, **resource_usage(k.asm["cubin"])}
+            "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
+
+
+def per_thread(const: dict, options: dict) -> dict:
+    """A quantizer's elements per thread (its BR x BK tile over its threads), where the tile is a constexpr."""
+    if "BR" not in const or "BK" not in const:  # (the GEMMs' tiles are BM x BN x BK)
+        return {}
+    return {"per_thread": const["BR"] * const["BK"] // (32 * options.get("num_warps", 4))}
 
 
 def jobs() -> list[tuple[tuple, int]]:

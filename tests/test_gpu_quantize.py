@@ -1,11 +1,13 @@
 """On a CUDA GPU only (skipped elsewhere; CI has none): the quantizers dispatch runs there, byte for byte against
-the CPU references at sizes the autotuned tiles cover several times over, each tile forced in turn, and the
-one-read kernel of both copies (not run by dispatch on a GPU yet) pair by pair."""
+the CPU references at sizes the autotuned tiles cover several times over, each tile forced in turn (the tile
+kernels' and the column copies' slice kernels'), and the one-read kernel of both copies (not run by dispatch on a
+GPU yet) pair by pair."""
 import pytest
 import torch
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
@@ -50,18 +52,38 @@ TILE_CASES = [("nvfp4", c) for c in qt.CONFIGS] + [("mxfp8", c) for c in qt.MXFP
                          ids=[f"{f}-{tile_id(c)}" for f, c in TILE_CASES])
 def test_gpu_every_autotuned_tile_equals_reference(monkeypatch, fmt, config):
     """Each tile the kernel is tuned over, forced in turn (the autotuner picks by speed, and one MXFP8 tile, now
-    left out of its list, was wrong on an H200 where the others were exact): rows, columns (strided reads),
-    hashed SR with RHT, NVFP4's 16x16 tiles, on bf16 edge data."""
+    left out of its list, was wrong on an H200 where the others were exact, for strided reads): rows, hashed SR
+    with RHT, NVFP4's 16x16 tiles (rows and columns, the strided reads these kernels still make), on bf16 edge
+    data."""
     force_tile(monkeypatch, (qt._nvfp4_kernel if fmt == "nvfp4" else qt._mxfp8_kernel,), config)
     x = edge_tensor(768, 1536).bfloat16()
-    cases = [(1, {}), (0, {}), (0, {"rounding": "sr", "seed": SEED, "rht": True})]
-    for axis, opts in cases + ([(1, {"tile2d": True})] if fmt == "nvfp4" else []):
-        got = dispatch.quantize(x.cuda(), fmt, axis, **opts)
-        with monkeypatch.context() as m:
-            m.setenv("AUTOPREC_KERNELS", "ref")
-            want = dispatch.quantize(x, fmt, axis, **opts)
-        problem = mismatch(got, want)
-        assert problem is None, (axis, opts, problem)
+    cases = [(1, {}), (1, {"rounding": "sr", "seed": SEED, "rht": True})]
+    tiles = [(1, {"tile2d": True}), (0, {"tile2d": True})] if fmt == "nvfp4" else []
+    for axis, opts in cases + tiles:
+        assert_gpu_equals_reference(monkeypatch, x, axis, fmt, opts)
+
+
+def assert_gpu_equals_reference(monkeypatch, x, axis, fmt, opts) -> None:
+    got = dispatch.quantize(x.cuda(), fmt, axis, **opts)
+    with monkeypatch.context() as m:
+        m.setenv("AUTOPREC_KERNELS", "ref")
+        want = dispatch.quantize(x, fmt, axis, **opts)
+    problem = mismatch(got, want)
+    assert problem is None, (axis, opts, problem)
+
+
+COLUMN_TILE_CASES = [("nvfp4", c) for c in qc.NVFP4_CONFIGS] + [("mxfp8", c) for c in qc.MXFP8_CONFIGS]
+
+
+@pytest.mark.parametrize("fmt,config", COLUMN_TILE_CASES, ids=[f"{f}-{tile_id(c)}" for f, c in COLUMN_TILE_CASES])
+def test_gpu_every_column_tile_equals_reference(monkeypatch, fmt, config):
+    """The slice kernels of column copies (blocks down a strided dim), each tile forced: RNE, and SR with RHT,
+    down the rows of bf16 edge data; SR along the rows of its transposed view (memory strided along them)."""
+    force_tile(monkeypatch, (qc._nvfp4_cols_kernel, qc._mxfp8_cols_kernel), config)
+    x = edge_tensor(768, 1536).bfloat16()
+    sr = {"rounding": "sr", "seed": SEED}
+    for src, axis, opts in ((x, 0, {}), (x, 0, sr | {"rht": True}), (x.t(), 1, sr)):
+        assert_gpu_equals_reference(monkeypatch, src, axis, fmt, opts)
 
 
 GRADIENT_PAIR = (QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True))

@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from autoprec.kernels import dispatch, quantize_ref
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.quantize_dual_triton import CONFIGS
 from autoprec.kernels.quantize_triton import CONFIGS as QUANT_CONFIGS
@@ -103,6 +104,26 @@ def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_repor
     quantizers read 16 bytes per load."""
     launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, two targets
     assert len(launched) == 8 and all(r["vector_loads"] for r in launched), launched
+
+
+def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report):
+    """Column copies as a launch compiles them (a row-major bf16 tensor blocked down its rows, the wgrad operands:
+    NVFP4 with SR and RHT, MXFP8 with SR): the slice kernels, at every tile they tune over, take at most half the
+    SASS instructions per element of the tile kernel on the same launch (NVFP4 about a third), and hash their SR
+    bits; their RHT amax pass takes under half the tile amax pass's."""
+    for cap in (90, 100):
+        rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
+        for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
+            tile = rows[f"tile_cols_quantize_{fmt}_launch"]
+            for cfg in configs:
+                sliced = rows[f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}"]
+                assert sliced["sr_hash"] and per_element(sliced) <= per_element(tile) / 2, (sliced, tile)
+        amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
+        assert per_element(amax) <= per_element(tile_amax) / 2, (amax, tile_amax)
+
+
+def per_element(report: dict) -> float:
+    return report["instructions"] / report["per_thread"]
 
 
 def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):

@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from helpers import assert_same, edge_tensor, force_tile, tile_id
+from helpers import assert_same, edge_tensor, force_tile, record_calls, tile_id
 
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels import quantize_triton as qt
@@ -15,7 +16,7 @@ from autoprec.kernels.numerics_triton import round_and_encode, sr_hash_bits
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantize_triton import _index_strides, quantize_triton
 from autoprec.kernels.quantized import QuantCopy as Side
-from autoprec.kernels.random_bits import M32, mix32, sr_bits, sr_stream, stream_keys
+from autoprec.kernels.random_bits import M32, StepStream, mix32, sr_bits, sr_stream, stream_keys
 from autoprec.kernels.rounding_ref import e2m1_encode, round_to_element
 
 tl = triton.language
@@ -44,15 +45,39 @@ def test_quantize_matches_reference(fmt, axis, sr, rht):
 @pytest.mark.parametrize("config", qt.CONFIGS, ids=tile_id)
 def test_every_autotuned_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick (the interpreter runs the first alone): partial tiles in both dims (96 x 160),
-    rows and columns, hashed SR with RHT, NVFP4's 16x16 tiles. On a GPU, MXFP8 only at the tiles it is tuned
-    over (the first was wrong on an H200)."""
+    rows, hashed SR with RHT, NVFP4's 16x16 tiles (rows and columns: column copies in 16x16 tiles stay with these
+    kernels). On a GPU, MXFP8 only at the tiles it is tuned over (the first was wrong on an H200)."""
     force_tile(monkeypatch, (qt._nvfp4_kernel, qt._mxfp8_kernel), config)
     x = edge_tensor(96, 160)
     for fmt in ("nvfp4", "mxfp8") if DEVICE == "cpu" or config in qt.MXFP8_GPU_CONFIGS else ("nvfp4",):
-        for axis in (1, 0):
-            check(x, fmt, axis, False, False)
-            check(x, fmt, axis, True, True, hashed=True)
-    check(x, "nvfp4", 1, True, False, tile2d=True)
+        check(x, fmt, 1, False, False)
+        check(x, fmt, 1, True, True, hashed=True)
+    for axis in (1, 0):
+        check(x, "nvfp4", axis, True, False, tile2d=True)
+
+
+COLUMN_TILES = [("nvfp4", c) for c in qc.NVFP4_CONFIGS] + [("mxfp8", c) for c in qc.MXFP8_CONFIGS]
+
+
+@pytest.mark.parametrize("fmt,config", COLUMN_TILES, ids=[f"{f}-{tile_id(c)}" for f, c in COLUMN_TILES])
+def test_every_column_tile_matches_reference(monkeypatch, fmt, config):
+    """Column copies (blocks down a strided dim) go to the slice kernels: each of their tiles forced, on partial
+    tiles in both dims (160 x 96 quantized down its 160 rows), RNE, SR with its bits hashed (from the stream, or
+    from a ``StepStream``'s step read by the kernel) or loaded, RHT (NVFP4's amax pass in slices then), and a
+    transposed view read with unit index stride."""
+    force_tile(monkeypatch, (qc._nvfp4_cols_kernel, qc._mxfp8_cols_kernel), config)
+    x = edge_tensor(160, 96)
+    calls = []
+    record_calls(monkeypatch, qc, "quantize_cols", calls)
+    check(x, fmt, 0, False, False)
+    check(x, fmt, 0, True, True, hashed=True)
+    check(x, fmt, 0, True, False)
+    check(x.t(), fmt, 1, True, True)
+    step = StepStream(7, torch.tensor(2**32 - 3, device=DEVICE))
+    got, want = (quantize_triton(x.to(DEVICE), get_format(fmt), 0, seed=seed, rht=True)
+                 for seed in (step, sr_stream(7, 2**32 - 3)))
+    assert_same(got, want)
+    assert len(calls) == 6
 
 
 def test_strided_reads_tune_only_over_tiles_a_gpu_has_checked():

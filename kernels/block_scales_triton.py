@@ -1,0 +1,62 @@
+"""Triton helpers for the scales every quantizer computes: NVFP4's tensor and block scales, MXFP8's E8M0 block
+exponents, and the exact atomic max the tensor amax is gathered with. Each replays its reference (``nvfp4_ref``,
+``mxfp8_ref``) bit for bit."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from autoprec.kernels.numerics_triton import FLT_MAX, floor_log2, round_to_element
+from autoprec.kernels.nvfp4_ref import FP4_TIMES_FP8_MAX as _FP4_TIMES_FP8_MAX
+from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
+
+ONE_SIXTH = tl.constexpr(_ONE_SIXTH)  # fp32(1/6)
+FP4_TIMES_FP8_MAX = tl.constexpr(_FP4_TIMES_FP8_MAX)  # 6 · 448
+INF_BITS = tl.constexpr(0x7F800000)  # fp32 Inf's bits: |x|'s bits are at least this for Inf and NaN
+
+
+@triton.jit
+def atomic_max_bits(ptr, amax):
+    """Max of a non-negative fp32 into an int32 cell holding fp32 bits: such floats order as their bits do,
+    so an integer atomic max is exact."""
+    tl.atomic_max(ptr, amax.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def tensor_scales(amax):
+    """NVFP4's (S_enc · fp32(1/6), S_dec = 1 / S_enc) of tensor amaxes ``amax`` (fp32, any shape), as
+    ``nvfp4_encode_scale`` and ``scale_to_block`` compute them (IEEE division, one fp32 rounding each)."""
+    s_enc = tl.minimum(tl.math.div_rn(tl.full(amax.shape, FP4_TIMES_FP8_MAX, tl.float32), amax), FLT_MAX)  # 0: Inf
+    s_enc = tl.where(amax > 0, s_enc, 1.0)
+    return s_enc * ONE_SIXTH, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+
+
+@triton.jit
+def nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED: tl.constexpr):
+    """(s_b, e_b) of blocks whose |values|' largest fp32 bits are ``amax_bits`` (Inf or NaN: a NaN scale), under
+    the tensor scales of the amax bits at ``amax_ptr + amax_idx``; unless GROUPED, the ``first`` tile stores the
+    tensor's decode scale to ``ts_ptr``."""
+    bad = amax_bits >= INF_BITS
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    s_enc6, s_dec = tensor_scales(tl.load(amax_ptr + amax_idx).to(tl.float32, bitcast=True))
+    if not GROUPED:
+        if first:
+            tl.store(ts_ptr, s_dec)
+    s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
+    s_b = tl.where(bad, float("nan"), s_b)
+    e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
+    return s_b, tl.where(e_b > FLT_MAX, FLT_MAX, e_b)
+
+
+@triton.jit
+def mxfp8_block_exponents(amax, EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr):
+    """The E8M0 exponents (int32, -127 .. 127) of blocks with finite amaxes ``amax``: RCEIL, or with FLOOR the
+    OCP rule."""
+    if FLOOR:
+        e = tl.where(amax > 0, floor_log2(amax) - EMAX, -127)
+    else:
+        q = tl.math.div_rn(amax, tl.full(amax.shape, MAX, tl.float32))
+        normal = floor_log2(q) + tl.where((q.to(tl.int32, bitcast=True) & 0x7FFFFF) != 0, 1, 0)
+        tiny = tl.where(q > 5.877471754111438e-39, -126, -127)
+        e = tl.where(q >= 1.1754943508222875e-38, normal, tiny)
+    return tl.minimum(tl.maximum(e, -127), 127)

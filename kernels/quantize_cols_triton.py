@@ -1,0 +1,227 @@
+"""Triton NVFP4 and MXFP8 quantizers for blocks read down a strided dim (the columnwise copies wgrad needs), in
+slices: each thread holds whole blocks, so nothing crosses threads.
+
+``quantize_triton``'s tile kernels load a [BR, BK/16, 16] tile whose block axis Triton spreads over threads when it
+is the strided one: each block's amax is then a cross-thread reduction, the codes pass through shared memory on
+their way to the store, and the RHT's 16x16 products broadcast across the tile. Here a tile is W slices (W = 16
+or 32, the block size), slice j holding element j of each of the tile's [BR, BK/W] blocks; every slice has the
+same layout (threads along R, whose reads are contiguous), so a block's amax, RHT and codes are per-thread work
+on registers, and only the packed bytes of a block are joined (in-thread) for one store. Compiled for sm_90 a
+bf16 column copy takes about a third of the instructions per element of the tile kernel's (tests/ptx_report.py).
+
+Same arguments, bytes and SR bits as ``_nvfp4_kernel`` / ``_mxfp8_kernel`` (the RHT's sums in the reference's
+order, each term exact); no 16x16 tiles (``TILE2D``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoprec.formats import NVFP4, Format
+from autoprec.kernels.autotune import autotune
+from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
+from autoprec.kernels.launch import cdiv
+from autoprec.kernels.numerics_triton import encode_float8, pow2, round_and_encode, sr_hash_bits, step_stream_keys
+from autoprec.kernels.quantize_triton import (
+    AMAX_PROGRAMS,
+    KEY_ARGS,
+    _configs,
+    _grid,
+    mxfp8_meta,
+    nvfp4_amax,
+)
+
+# (BR, BK, warps): 16 or 32 NVFP4 elements per thread, 64 MXFP8 (one row of 32 held 32, and its SR keys' fixed
+# work cost 70 sm_90 instructions per element against 58). The first is the interpreter's. Not yet timed or
+# checked on a GPU (tests/test_gpu_quantize.py forces each).
+NVFP4_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
+    (128, 16, 4), (256, 16, 4), (256, 32, 8), (512, 16, 8))]
+MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
+    (256, 32, 4), (512, 32, 8), (256, 64, 8))]
+AMAX_CONFIG = {"BR": 256, "BK": 32}  # the RHT amax pass's tile (4 warps: 32 elements per thread)
+
+
+@triton.jit
+def load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, W: tl.constexpr, RHT: tl.constexpr):
+    """W fp32 slices [BR, NB] of the (R, K) view: slice j holds column ``c0 + j`` of rows ``rows`` (``c0``: the
+    blocks' first columns, [NB]), zeros outside the view; with RHT each 16 of them transformed as ``rht16``
+    does."""
+    sk = s_k.to(tl.int64)
+    base = x_ptr + rows.to(tl.int64)[:, None] * s_r + c0.to(tl.int64)[None, :] * sk
+    xs = ()
+    for j in tl.static_range(W):
+        mask = (rows < R)[:, None] & (c0 + j < K)[None, :]
+        xs = xs + (tl.load(base + j * sk, mask=mask, other=0.0).to(tl.float32),)
+    if RHT:
+        ys = ()
+        for g in tl.static_range(W // 16):
+            ys = ys + rht16(xs, m_ptr, g * 16)
+        xs = ys
+    return xs
+
+
+@triton.jit
+def rht16(xs, m_ptr, g: tl.constexpr):
+    """Slices ``xs[g:g+16]`` times H16·diag(signs)/4 (``m_ptr``: the signs): y_i = (sum over j = 0..15 in order,
+    from +0, of H[i, j]·(s_j·x_j)) · 1/4, ``rht_ref``'s sums bit for bit (its terms are the same exact ±x_j). H16's
+    signs are constants here, so each term is an add or a subtract."""
+    us = ()
+    for j in tl.static_range(16):
+        us = us + (xs[g + j] * tl.load(m_ptr + j),)
+    ys = ()
+    for i in tl.static_range(16):
+        acc = tl.zeros_like(us[0])
+        for j in tl.static_range(16):
+            if ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1 == 0:
+                acc = acc + us[j]
+            else:
+                acc = acc - us[j]
+        ys = ys + (acc * 0.25,)
+    return ys
+
+
+@triton.jit
+def join_slices(xs, lo: tl.constexpr, step: tl.constexpr, n: tl.constexpr):
+    """[BR, NB, n] of the n slices ``xs[lo], xs[lo + step], ...`` in that order, joined in-thread (call with lo 0,
+    step 1)."""
+    if n == 1:
+        return tl.expand_dims(xs[lo], 2)
+    else:
+        j = tl.join(join_slices(xs, lo, 2 * step, n // 2), join_slices(xs, lo + step, 2 * step, n // 2))
+        return tl.reshape(j, (j.shape[0], j.shape[1], n))
+
+
+@triton.jit
+def sr_keys(rand_ptr, k1, k2, HASH: tl.constexpr):
+    """The SR stream's keys as ``_load_rand`` takes them (HASH 1: ``k1``, ``k2``; 2: a ``StepStream``'s)."""
+    a, b = k1.to(tl.uint32, bitcast=True), k2.to(tl.uint32, bitcast=True)
+    if HASH == 2:
+        a, b = step_stream_keys(a, rand_ptr)
+    return a, b
+
+
+@triton.jit
+def slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, j: tl.constexpr, HASH: tl.constexpr):
+    """SR bits of slice j (columns ``c0 + j`` of rows ``rows``), whose column ``c0`` elements have row-major
+    indices ``idx`` (``r_k`` apart along K): hashed from keys ``a``, ``b``, or (HASH 0) loaded."""
+    idx = idx + tl.full((), j, tl.int64) * r_k  # int64: r_k may be 1, a constant then
+    if HASH:
+        bits = sr_hash_bits(idx, a, b)
+    else:
+        bits = tl.load(rand_ptr + idx, mask=(rows < R)[:, None] & (c0 + j < K)[None, :], other=0)
+    return bits
+
+
+@triton.jit
+def _tile(R, K, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """(rows, the blocks' first columns, the mask of the whole blocks among them: those with a scale; a block
+    cut by K has codes, as the tile kernels write them) of this program's tile."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    c0 = tl.program_id(1) * BK + tl.arange(0, BK // W) * W
+    return rows, c0, (rows < R)[:, None] & (c0 // W < K // W)[None, :]
+
+
+@triton.jit
+def _store_joined(ptr, rows, R, c0, row_len, values, n: tl.constexpr):
+    """Store the n byte slices ``values`` of each block (slice b at column ``c0 + b`` of rows ``rows``, ``row_len``
+    bytes per row) as one joined [BR, NB, n] store, masked to the matrix's bytes."""
+    cols = c0[:, None] + tl.arange(0, n)[None, :]
+    mask = (rows < R)[:, None, None] & (cols < row_len)[None, :, :]
+    tl.store(ptr + rows.to(tl.int64)[:, None, None] * row_len + cols[None, :, :], join_slices(values, 0, 1, n),
+             mask=mask)
+
+
+@autotune(_configs(NVFP4_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _nvfp4_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
+                       r_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
+                       HASH: tl.constexpr):
+    rows, c0, mask = _tile(R, K, 16, BR, BK)
+    ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, RHT)
+    amax_bits = ys[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF  # ordered as |y|, Inf and NaN above (a NaN scale)
+    for j in tl.static_range(1, 16):
+        amax_bits = tl.maximum(amax_bits, ys[j].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    s_b, e_b = nvfp4_block_scales(amax_bits, amax_ptr, 0, ts_ptr, tl.program_id(0) == 0 and tl.program_id(1) == 0,
+                                  False)
+    row64 = rows.to(tl.int64)[:, None]
+    tl.store(scales_ptr + row64 * (K // 16) + (c0 // 16)[None, :], encode_float8(s_b, 4, 3, 7), mask=mask)
+    a, b, idx = 0, 0, 0
+    if SR:
+        a, b = sr_keys(rand_ptr, k1, k2, HASH)
+        idx = row64 * r_r + c0.to(tl.int64)[None, :] * r_k
+    packed = ()
+    for m in tl.static_range(8):
+        rand_lo, rand_hi = 0, 0
+        if SR:
+            rand_lo = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m, HASH)
+            rand_hi = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m + 1, HASH)
+        lo = round_and_encode(ys[2 * m] * e_b, rand_lo, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
+        hi = round_and_encode(ys[2 * m + 1] * e_b, rand_hi, 2, 1, 0, 6.0, SR, 0)
+        packed = packed + ((lo | (hi << 4)).to(tl.uint8),)
+    _store_joined(codes_ptr, rows, R, c0 // 2, K // 2, packed, 8)
+
+
+@autotune(_configs(MXFP8_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS)
+def _mxfp8_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+                       EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                       MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
+                       SR: tl.constexpr, HASH: tl.constexpr):
+    rows, c0, mask = _tile(R, K, 32, BR, BK)
+    ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 32, RHT)
+    finite = tl.zeros(ys[0].shape, tl.int32)  # the largest |y| bits of finite values, and of all
+    top = tl.zeros(ys[0].shape, tl.int32)
+    for j in tl.static_range(32):
+        abs_bits = ys[j].to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        finite = tl.maximum(finite, tl.where(abs_bits < INF_BITS, abs_bits, 0))
+        top = tl.maximum(top, abs_bits)
+    e = mxfp8_block_exponents(finite.to(tl.float32, bitcast=True), EMAX, MAX, FLOOR)
+    row64 = rows.to(tl.int64)[:, None]
+    tl.store(scales_ptr + row64 * (K // 32) + (c0 // 32)[None, :],
+             tl.where(top >= INF_BITS, 255, e + 127).to(tl.uint8), mask=mask)
+    scale = pow2(-e)
+    a, b, idx = 0, 0, 0
+    if SR:
+        a, b = sr_keys(rand_ptr, k1, k2, HASH)
+        idx = row64 * r_r + c0.to(tl.int64)[None, :] * r_k
+    codes = ()
+    for j in tl.static_range(32):
+        rand = 0
+        if SR:
+            rand = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, j, HASH)
+        codes = codes + (round_and_encode(ys[j] * scale, rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F).to(tl.uint8),)
+    _store_joined(codes_ptr, rows, R, c0, K, codes, 32)
+
+
+@triton.jit
+def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr):
+    """``_amax_kernel`` with the RHT along a strided K, in slices: max|RHT(x)| over the finite values."""
+    n_k = tl.cdiv(K, BK)
+    amax = tl.zeros((BR, BK // 16), tl.float32)
+    for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
+        rows = (t // n_k) * BR + tl.arange(0, BR)
+        c0 = (t % n_k) * BK + tl.arange(0, BK // 16) * 16
+        ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, True)
+        for j in tl.static_range(16):
+            a = tl.abs(ys[j])
+            amax = tl.maximum(amax, tl.where(a < float("inf"), a, 0.0))
+    atomic_max_bits(amax_ptr, tl.max(tl.max(amax, 1), 0))
+
+
+def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_strides: tuple[int, int], scale_mode: str,
+                  flags: dict) -> None:
+    """Launch the slice kernels for ``quantize_triton``: ``args`` = (m, its RHT signs, rand_ptr, k1, k2, codes,
+    scales), ``m`` the (R, K) view; NVFP4's tensor amax first (with the RHT, in slices too)."""
+    m, mt = args[:2]
+    grid = _grid(m)
+    if fmt is not NVFP4:
+        _mxfp8_cols_kernel[grid](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode), **flags)
+        return
+    if flags["RHT"]:
+        amax = torch.zeros((), device=m.device, dtype=torch.int32)
+        tiles = cdiv(m.shape[0], AMAX_CONFIG["BR"]) * cdiv(m.shape[1], AMAX_CONFIG["BK"])
+        _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, *m.shape, *m.stride(), **AMAX_CONFIG)
+    else:
+        amax = nvfp4_amax(m, mt, False)
+    _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, **flags)
