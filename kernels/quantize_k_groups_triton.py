@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import atomic_max_bits, tensor_scales
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
@@ -31,6 +32,7 @@ from autoprec.kernels.quantize_triton import (
     _load_tile,
     _rht_operand,
     mxfp8_encode_store,
+    mxfp8_meta,
     nvfp4_encode_store,
 )
 
@@ -94,10 +96,7 @@ def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 16, GROUP_ROWS, SR)
     nvfp4_encode_store(y, amax_ptr, g, ts_ptr, False, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows,
                        col0, R, KP, pid_r, BR, BK, SR, 1, False, True)
-    if pid_r == 0 and tl.program_id(1) == 0:
-        e = tl.arange(0, EP)
-        _, s_dec = tensor_scales(tl.load(amax_ptr + e, mask=e < E, other=0).to(tl.float32, bitcast=True))
-        tl.store(ts_ptr + e, s_dec, mask=e < E)
+    _store_group_decode_scales(amax_ptr, ts_ptr, E, EP)
 
 
 @autotune(_configs(MXFP8_CONFIGS), ["R", "KP", "s_k", "RHT", "SR"])
@@ -114,6 +113,77 @@ def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 32, GROUP_ROWS, SR)
     mxfp8_encode_store(y, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows, col0, R, KP, EBITS, MBITS,
                        BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+
+
+@triton.jit
+def _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP: tl.constexpr, W: tl.constexpr,
+                  BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """``_group_tile`` in W slices (``quantize_cols_triton.load_slices``): (rows, the padded columns of the tile's
+    blocks, g, the group's token count, the blocks' first columns within the group, the slices)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    out_c0 = tl.program_id(1) * BK + tl.arange(0, BK // W) * W
+    g, start, n, first_col = _k_group(offs_ptr, pad_ends_ptr, tl.program_id(1) * BK, T, E, EP)
+    c0 = out_c0 - first_col
+    ys = qc.load_slices(x_ptr + tl.cast(start, tl.int64) * s_k, m_ptr, rows, c0, R, n, s_r, s_k, W, RHT)
+    return rows, out_c0, g, n, c0, ys
+
+
+@triton.jit
+def _group_sr_index(k1, g, step_ptr, n, rows, c0, r_r, r_k, W: tl.constexpr, GROUP_ROWS: tl.constexpr,
+                    SR: tl.constexpr):
+    """(group g's SR keys, the row-major indices within the padded group of the blocks' first elements)."""
+    a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, W, GROUP_ROWS, SR)
+    return a, b, rows.to(tl.int64)[:, None] * rr + c0.to(tl.int64)[None, :] * r_k
+
+
+@triton.jit
+def _store_group_decode_scales(amax_ptr, ts_ptr, E, EP: tl.constexpr):
+    """Every group's NVFP4 decode scale, from its amax bits (program (0, 0) alone)."""
+    if tl.program_id(0) == 0 and tl.program_id(1) == 0:
+        e = tl.arange(0, EP)
+        _, s_dec = tensor_scales(tl.load(amax_ptr + e, mask=e < E, other=0).to(tl.float32, bitcast=True))
+        tl.store(ts_ptr + e, s_dec, mask=e < E)
+
+
+@autotune(qc.tiles(qc.NVFP4_CONFIGS), ["R", "KP", "s_r", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _nvfp4_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr,
+                                ts_ptr, R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr,
+                                BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
+    """``_nvfp4_k_groups_kernel`` for tokens read down a strided dim, in slices (``quantize_cols_triton``)."""
+    rows, out_c0, g, n, c0, ys = _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP, 16, BR,
+                                               BK, RHT)
+    a, b, idx = _group_sr_index(k1, g, step_ptr, n, rows, c0, r_r, r_k, 16, GROUP_ROWS, SR)
+    qc.nvfp4_store_slices(ys, amax_ptr, g, ts_ptr, False, x_ptr, a, b, idx, r_k, rows, R, c0, n, out_c0, KP,
+                          codes_ptr, scales_ptr, SR, 1, True)
+    _store_group_decode_scales(amax_ptr, ts_ptr, E, EP)
+
+
+@autotune(qc.tiles(qc.MXFP8_CONFIGS), ["R", "KP", "s_r", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _mxfp8_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
+                                R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,
+                                BIAS: tl.constexpr, EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr,
+                                EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
+                                SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
+    """``_mxfp8_k_groups_kernel`` for tokens read down a strided dim, in slices."""
+    rows, out_c0, g, n, c0, ys = _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP, 32, BR,
+                                               BK, RHT)
+    a, b, idx = _group_sr_index(k1, g, step_ptr, n, rows, c0, r_r, r_k, 32, GROUP_ROWS, SR)
+    qc.mxfp8_store_slices(ys, x_ptr, a, b, idx, r_k, rows, R, c0, n, out_c0, KP, codes_ptr, scales_ptr, EBITS, MBITS,
+                          BIAS, EMAX, MAX, FLOOR, SR, 1)
+
+
+@triton.jit
+def _k_groups_amax_rht_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, amax_ptr, R, T, s_r, s_k, E,
+                                   EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """``_k_groups_amax_kernel`` with the RHT along tokens read down a strided dim, in slices."""
+    _, _, g, _, _, ys = _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP, 16, BR, BK, True)
+    amax = tl.zeros(ys[0].shape, tl.float32)
+    for j in tl.static_range(16):
+        a = tl.abs(ys[j])
+        amax = tl.maximum(amax, tl.where(a < float("inf"), a, 0.0))
+    atomic_max_bits(amax_ptr + g, tl.max(tl.max(amax, 1), 0))
 
 
 def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torch.Tensor, *, seed: int | None,
@@ -138,20 +208,31 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
     # kernel's GROUP_ROWS), (L, N) for the right one
     view = dict(R=n_rows, KP=kp, T=tokens, s_r=m.stride(0), s_k=m.stride(1), r_r=1, r_k=1 if axis == 1 else n_rows,
                 E=groups, EP=ep, RHT=rht, SR=seed is not None, GROUP_ROWS=axis == 1)
+    sliced = m.stride(1) != 1  # tokens read down a strided dim: the slice kernels
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
-        _k_groups_amax_kernel[(cdiv(n_rows, AMAX_R), kp // BLOCK_K)](m, mt, offs, ends, amax, n_rows, tokens,
-                                                                    m.stride(0), m.stride(1), groups, EP=ep,
-                                                                    BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        if sliced and rht:
+            cfg = qc.AMAX_CONFIG
+            _k_groups_amax_rht_cols_kernel[(cdiv(n_rows, cfg["BR"]), kp // cfg["BK"])](
+                m, mt, offs, ends, amax, n_rows, tokens, m.stride(0), m.stride(1), groups, EP=ep, **cfg)
+        else:
+            _k_groups_amax_kernel[(cdiv(n_rows, AMAX_R), kp // BLOCK_K)](m, mt, offs, ends, amax, n_rows, tokens,
+                                                                        m.stride(0), m.stride(1), groups, EP=ep,
+                                                                        BR=AMAX_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(n_rows, kp // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty(n_rows, kp // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
-        _nvfp4_k_groups_kernel[grid](m, mt, offs, ends, step, key, codes, scales, amax, s_dec, **view)
+        args = (m, mt, offs, ends, step, key, codes, scales, amax, s_dec)
+        if sliced:
+            _nvfp4_k_groups_cols_kernel[grid](*args, **view)
+        else:
+            _nvfp4_k_groups_kernel[grid](*args, **view)
         return codes, scales.view(torch.float8_e4m3fn), s_dec, ends
-    elem = fmt.elem
     codes = torch.empty(n_rows, kp, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, kp // 32, device=x.device, dtype=torch.uint8)
-    _mxfp8_k_groups_kernel[grid](m, mt, offs, ends, step, key, codes, scales, **view, EBITS=elem.ebits,
-                                 MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
-                                 FLOOR=scale_mode == "floor")
-    return codes.view(elem.torch_dtype), scales, None, ends
+    args, meta = (m, mt, offs, ends, step, key, codes, scales), view | mxfp8_meta(fmt, scale_mode)
+    if sliced:
+        _mxfp8_k_groups_cols_kernel[grid](*args, **meta)
+    else:
+        _mxfp8_k_groups_kernel[grid](*args, **meta)
+    return codes.view(fmt.elem.torch_dtype), scales, None, ends

@@ -218,7 +218,8 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
 
 
 def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
-    """The wgrad operands' K-grouped quantizers (bf16, SR, RHT, 64 groups) at their autotuned tiles, and their amax."""
+    """The wgrad operands' K-grouped quantizers (bf16, SR, RHT, 64 groups) at their autotuned tiles, and their amax;
+    the slice kernels (tokens down a strided dim) compiled as launched."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "step_ptr": "*i64",
             "k1": "i32", "codes_ptr": "*u8", "scales_ptr": "*u8"}
     sizes = {"R": "i32", "KP": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32", "E": "i32"}
@@ -234,6 +235,16 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
             "R": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
     out.append(("k_groups_quantize_amax", kg._k_groups_amax_kernel, amax,
                 {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {}))
+    launch = {"s_r": 1, "EP": 64, "RHT": True, "SR": True, "GROUP_ROWS": False}  # tokens down a strided dim
+    for fmt, kernel, configs in (("nvfp4", kg._nvfp4_k_groups_cols_kernel, qc.NVFP4_CONFIGS),
+                                 ("mxfp8", kg._mxfp8_k_groups_cols_kernel, qc.MXFP8_CONFIGS)):
+        sig = head | ({"amax_ptr": "*i32", "ts_ptr": "*fp32"} if fmt == "nvfp4" else {}) | sizes
+        for cfg in configs:
+            out.append((f"k_groups_cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
+                        launch | cfg.kwargs | ({} if fmt == "nvfp4" else mx), {"num_warps": cfg.num_warps,
+                                                                              LAUNCH_ALIGNED: True}))
+    out.append(("k_groups_cols_quantize_amax_rht", kg._k_groups_amax_rht_cols_kernel, amax,
+                {"s_r": 1, "EP": 64} | qc.AMAX_CONFIG, {LAUNCH_ALIGNED: True}))
     return out
 
 

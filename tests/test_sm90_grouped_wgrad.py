@@ -49,6 +49,8 @@ def reference_groups(x, fmt, axis, seed, rht):
 @pytest.mark.parametrize("axis", [1, 0], ids=["left_MxT", "right_TxN"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
 def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht):
+    """The left operand as it lies reads its tokens along the unit-stride dim (the tile kernels), the right one down
+    a strided dim (the slice kernels)."""
     check_k_grouped(fmt, axis, seed, rht)
 
 
@@ -62,12 +64,40 @@ def test_every_k_grouped_tile_matches_reference(monkeypatch, config):
             check_k_grouped(fmt, axis, 2**31 + 7, True)
 
 
-def check_k_grouped(fmt: str, axis: int, seed: int | None, rht: bool) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("config", k_groups.qc.NVFP4_CONFIGS + k_groups.qc.MXFP8_CONFIGS, ids=tile_id)
+def test_every_k_grouped_slice_tile_matches_reference(monkeypatch, config):
+    """Tokens read down a strided dim (the right operand (T, N) as it lies) take the slice kernels: each of their
+    GPU tiles forced, SR with the RHT (slow: the interpreter runs these narrow tiles 4x slower than its own; the
+    default run checks its own tile, and test_gpu_quantize.py forces the dense slice kernels' on a GPU)."""
+    kernels = (k_groups._nvfp4_k_groups_cols_kernel, k_groups._mxfp8_k_groups_cols_kernel)
+    force_tile(monkeypatch, kernels, config)
+    check_k_grouped("nvfp4" if config in k_groups.qc.NVFP4_CONFIGS else "mxfp8", 0, 2**31 + 7, True)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_transposed_operands_swap_tile_and_slice_kernels(monkeypatch, fmt):
+    """A left operand (M, T) that is a transposed view reads its tokens down a strided dim (the slice kernels), a
+    right one (T, N) that is one along the unit-stride dim (the tile kernels): each equals its groups alone."""
+    ran = []
+    for label, kernel in (("slices", k_groups._nvfp4_k_groups_cols_kernel), ("tiles", k_groups._nvfp4_k_groups_kernel),
+                          ("slices", k_groups._mxfp8_k_groups_cols_kernel), ("tiles", k_groups._mxfp8_k_groups_kernel)):
+        monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _label=label, **kw: ran.append(_label) or
+                            _run(*a, **kw))
+    for axis in (1, 0):
+        check_k_grouped(fmt, axis, 2**31 + 7, True, transposed=True)
+    assert ran == ["slices", "tiles"]
+
+
+def check_k_grouped(fmt: str, axis: int, seed: int | None, rht: bool, transposed: bool = False) -> None:
     """The K-grouped quantization of an edge tensor (groups 1000x apart) equals each group padded and quantized
-    alone, padding zero, its padded ends as expected."""
+    alone, padding zero, its padded ends as expected. ``transposed``: the operand is a transposed view (tokens down
+    a strided dim for the left operand, along the unit-stride one for the right)."""
     x = edge_tensor(M, T) if axis == 1 else edge_tensor(N, T).t().contiguous()  # edge blocks along the tokens
     spread = torch.tensor([1000.0 ** (i % 3 - 1) for i in range(T)])  # groups 1000x apart: own tensor scales
     x = x * (spread[None, :] if axis == 1 else spread[:, None])
+    if transposed:
+        x = x.t().contiguous().t()
     f, offs = get_format(fmt), torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
     codes, scales, ts, ends = quantize_k_groups_triton(x.to(DEVICE), f, axis, offs, seed=seed,
                                                        step=torch.tensor(STEP, device=DEVICE), rht=rht)

@@ -97,6 +97,9 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
     assert len(batched) == 2 * 2 * 3 and all(r["sr_hash"] for r in batched)
     k_groups = [r for r in ptx_report if r["kernel"].startswith(("k_groups_quantize_nvfp4", "k_groups_quantize_mxfp8"))]
     assert len(k_groups) == 2 * (3 + 2) and all(r["sr_hash"] for r in k_groups)  # NVFP4 3 tiles, MXFP8 2
+    k_slices = [r for r in ptx_report if r["kernel"].startswith(("k_groups_cols_quantize_nvfp4",
+                                                                 "k_groups_cols_quantize_mxfp8"))]
+    assert len(k_slices) == 2 * (len(qc.NVFP4_CONFIGS) + len(qc.MXFP8_CONFIGS)) and all(r["sr_hash"] for r in k_slices)
 
 
 def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report):
