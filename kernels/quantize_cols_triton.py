@@ -10,7 +10,8 @@ on registers, and only the packed bytes of a block are joined (in-thread) for on
 bf16 column copy takes about a third of the instructions per element of the tile kernel's (tests/ptx_report.py).
 
 Same arguments, bytes and SR bits as ``_nvfp4_kernel`` / ``_mxfp8_kernel`` (the RHT's sums in the reference's
-order, each term exact); no 16x16 tiles (``TILE2D``).
+order, each term exact); no 16x16 tiles (``TILE2D``). The K-grouped quantizers (``quantize_k_groups_triton``)
+build their slice kernels from the same pieces.
 """
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ from autoprec.kernels.quantize_triton import (
     nvfp4_amax,
 )
 
-# (BR, BK, warps): 16 or 32 NVFP4 elements per thread, 64 MXFP8 (one row of 32 held 32, and its SR keys' fixed
-# work cost 70 sm_90 instructions per element against 58). The first is the interpreter's. Not yet timed or
-# checked on a GPU (tests/test_gpu_quantize.py forces each).
+# (BR, BK, warps) a GPU tunes over: 16 or 32 NVFP4 elements per thread, 64 MXFP8 (at 32, one row of a block
+# column per thread, its SR keys' fixed work made 70 sm_90 instructions per element against 58). Not yet timed
+# or checked on a GPU (tests/test_gpu_quantize.py forces each).
 NVFP4_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
     (128, 16, 4), (256, 16, 4), (256, 32, 8), (512, 16, 8))]
 MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (

@@ -10,6 +10,10 @@ Stored layout: a (R, KP) quantization blocked along KP (codes (R, KP/2) for NVFP
 KP, ``ceil(T / GROUP_PAD) · GROUP_PAD + E · GROUP_PAD``, bounds the padded total whatever the group sizes, so
 nothing is read on the host. A quantize tile never spans two groups (its width divides GROUP_PAD), and the
 grouped wgrad GEMM (``grouped_mm_triton``) reads each group's columns in tiles of its own.
+
+Tokens along the unit-stride dim take the tile kernels; tokens down a strided dim (a row-major (T, N) right
+operand, a transposed left one) take slice kernels built from ``quantize_cols_triton``'s pieces, each thread
+holding whole blocks.
 """
 from __future__ import annotations
 
