@@ -56,12 +56,15 @@ def test_every_autotuned_tile_matches_reference(monkeypatch, config):
         check(x, "nvfp4", axis, True, False, tile2d=True)
 
 
-COLUMN_TILES = [("nvfp4", c) for c in qc.NVFP4_CONFIGS] + [("mxfp8", c) for c in qc.MXFP8_CONFIGS]
+COLUMN_TILES = [pytest.param(fmt, c, id=f"{fmt}-{tile_id(c)}", marks=[pytest.mark.slow] if i else [])
+                for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS))
+                for i, c in enumerate(configs)]
 
 
-@pytest.mark.parametrize("fmt,config", COLUMN_TILES, ids=[f"{f}-{tile_id(c)}" for f, c in COLUMN_TILES])
+@pytest.mark.parametrize("fmt,config", COLUMN_TILES)
 def test_every_column_tile_matches_reference(monkeypatch, fmt, config):
-    """Column copies (blocks down a strided dim) go to the slice kernels: each of their tiles forced, on partial
+    """Column copies (blocks down a strided dim) go to the slice kernels: each of their GPU tiles forced (the
+    first of each format in the default run, the rest slow: every other test runs the interpreter's tile), on partial
     tiles in both dims (160 x 96 quantized down its 160 rows), RNE, SR with its bits hashed (from the stream, or
     from a ``StepStream``'s step read by the kernel) or loaded, RHT (NVFP4's amax pass in slices then), and a
     transposed view read with unit index stride."""
