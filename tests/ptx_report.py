@@ -2,9 +2,11 @@
 JSON on stdout, whether its PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the
 tensor-core GEMM (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS
 GEMM, Triton's GEMM over decoded operands, the experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on;
-the one-read, grouped, batched and K-grouped ones at their autotuned tiles; and the fprop row quantizers as a launch
-specializes them, with their SASS instruction counts). Run in a process without TRITON_INTERPRET (the interpreter
-replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process per core)."""
+the one-read, grouped, batched and K-grouped ones at their autotuned tiles; the slice kernels of column copies and
+K-grouped operands as a launch specializes them, beside the tile kernels on the same launch; and the fprop row
+quantizers as a launch specializes them, with their SASS instruction counts). Run in a process without
+TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process
+per core)."""
 from __future__ import annotations
 
 import json
