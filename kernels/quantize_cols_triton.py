@@ -232,11 +232,18 @@ def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constex
     for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
         rows = (t // n_k) * BR + tl.arange(0, BR)
         c0 = (t % n_k) * BK + tl.arange(0, BK // 16) * 16
-        ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, True)
-        for j in tl.static_range(16):
-            a = tl.abs(ys[j])
-            amax = tl.maximum(amax, tl.where(a < float("inf"), a, 0.0))
+        amax = tl.maximum(amax, finite_amax(load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, True)))
     atomic_max_bits(amax_ptr, tl.max(tl.max(amax, 1), 0))
+
+
+@triton.jit
+def finite_amax(ys):
+    """max |y| over the finite values of the slices ``ys``, per block ([BR, NB])."""
+    amax = tl.zeros(ys[0].shape, tl.float32)
+    for j in tl.static_range(len(ys)):
+        a = tl.abs(ys[j])
+        amax = tl.maximum(amax, tl.where(a < float("inf"), a, 0.0))
+    return amax
 
 
 def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_strides: tuple[int, int], scale_mode: str,

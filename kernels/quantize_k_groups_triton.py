@@ -183,11 +183,7 @@ def _k_groups_amax_rht_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, amax_pt
                                    EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
     """``_k_groups_amax_kernel`` with the RHT along tokens read down a strided dim, in slices."""
     _, _, g, _, _, ys = _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP, 16, BR, BK, True)
-    amax = tl.zeros(ys[0].shape, tl.float32)
-    for j in tl.static_range(16):
-        a = tl.abs(ys[j])
-        amax = tl.maximum(amax, tl.where(a < float("inf"), a, 0.0))
-    atomic_max_bits(amax_ptr + g, tl.max(tl.max(amax, 1), 0))
+    atomic_max_bits(amax_ptr + g, tl.max(tl.max(qc.finite_amax(ys), 1), 0))
 
 
 def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torch.Tensor, *, seed: int | None,
