@@ -6,14 +6,17 @@ the one-read, grouped, batched and K-grouped ones at their autotuned tiles; the 
 K-grouped operands as a launch specializes them, beside the tile kernels on the same launch; and the fprop row
 quantizers as a launch specializes them, with their SASS instruction counts). Run in a process without
 TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process
-per core)."""
+per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles the
+quantizers for sm_90 alone, each at its first tile (a third of the work)."""
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -73,8 +76,20 @@ E4M3 = get_format("mxfp8").elem
 QUANT_BLOCKS = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": True}
 
 
-def kernels() -> list[tuple[str, object, dict, dict, dict]]:
-    """(name, kernel, signature, constexprs, launch options) of every GPU kernel."""
+def tiles(configs: list, full: bool) -> list:
+    """The autotuned configs to compile: all of them, or (the quick report) the first."""
+    return list(configs) if full else list(configs[:1])
+
+
+def kernels(full: bool = True) -> list[tuple[str, object, dict, dict, dict]]:
+    """(name, kernel, signature, constexprs, launch options) of every GPU kernel; without ``full``, each
+    autotuned quantizer at its first tile only."""
+    return gemm_kernels() + quantizers(full) + grouped_gemms()
+
+
+def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
+    """The dense GEMMs: tensor-core (NVFP4, MXFP8), Triton's over decoded operands, fp32, and the decoded +
+    cuBLAS path's decode and epilogue kernels."""
     gemm_opts = {"num_warps": tc.NUM_WARPS, "num_stages": tc.NUM_STAGES}
     out = [(f"tensor_core_gemm_{f}", fp32.scaled_mm_kernel, POINTERS, constexprs(f) | {"DOT": fp32.DOT_BF16},
             gemm_opts) for f in ("nvfp4", "mxfp8")]
@@ -101,15 +116,21 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
     out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,
                                                               "OUT_BF16": True, "BM": dec.EPILOGUE_M,
                                                               "BN": dec.EPILOGUE_N}, {}))
+    return out
+
+
+def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
+    """Every quantizer (SR and RHT on), and the row quantizers as a launch specializes them."""
     nvfp4 = QUANT_POINTERS | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | SIZES
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
           "FLOOR": False, "SR": True}
+    out = []
     for suffix, hashed in (("", False), ("_hashed", True)):  # SR bits loaded, or hashed in the kernel
         out.append((f"quantize_nvfp4{suffix}", qt._nvfp4_kernel.fn, nvfp4,
                     QUANT_BLOCKS | {"SR": True, "HASH": hashed, "TILE2D": False}, {}))
         out.append((f"quantize_mxfp8{suffix}", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES,
                     QUANT_BLOCKS | mx | {"HASH": hashed}, {}))
-    for cfg in qt.CONFIGS[1:]:  # the other autotuned tiles (hashed SR, RHT)
+    for cfg in qt.CONFIGS[1:] if full else []:  # the other autotuned tiles (hashed SR, RHT)
         tile, opts = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"]}, {"num_warps": cfg.num_warps}
         tag = f"br{tile['BR']}_bk{tile['BK']}"
         out.append((f"quantize_nvfp4_hashed_{tag}", qt._nvfp4_kernel.fn, nvfp4,
@@ -132,10 +153,11 @@ def kernels() -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 mx | wide, {LAUNCH_ALIGNED: True}))
-    return out + column_kernels(mx) + dual_kernels(mx) + grouped_kernels(mx) + k_group_kernels(mx) + grouped_gemms()
+    return (out + column_kernels(mx, full) + dual_kernels(mx, full) + grouped_kernels(mx, full)
+            + k_group_kernels(mx, full))
 
 
-def column_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """Column copies (blocks down the strided dim of a row-major bf16 tensor: unit stride along R) as a launch
     specializes them, the wgrad operands': NVFP4 with SR (the step read on the device) and RHT, MXFP8 with SR; the
     slice kernels at each autotuned tile, their RHT amax pass, and the tile kernels on the same launch (the
@@ -151,7 +173,7 @@ def column_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     for fmt, kernel, sig, flags, configs in (
             ("nvfp4", qc._nvfp4_cols_kernel, nvfp4, nv_flags, qc.NVFP4_CONFIGS),
             ("mxfp8", qc._mxfp8_cols_kernel, QUANT_POINTERS | SIZES | step, mx_flags, qc.MXFP8_CONFIGS)):
-        for cfg in configs:
+        for cfg in tiles(configs, full):
             out.append((f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
                         flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
@@ -163,7 +185,7 @@ def column_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     return out
 
 
-def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """The row + column quantizers at every autotuned config (SR and RHT on both copies)."""
     head = {"x_ptr": "*fp32", "m_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32"}
 
@@ -177,7 +199,7 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
             "s_k": "i32"}
     mx = {k: v for k, v in mx.items() if k != "SR"}
     out = []
-    for cfg in qd.CONFIGS:
+    for cfg in tiles(qd.CONFIGS, full):
         b, opts = cfg.kwargs["B"], {"num_warps": cfg.num_warps}
         tag = f"b{b}_w{cfg.num_warps}"
         out.append((f"quantize_dual_nvfp4_{tag}", qd._nvfp4_dual_kernel.fn,
@@ -189,7 +211,7 @@ def dual_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     return out
 
 
-def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """The grouped token quantizers (bf16 tokens, SR) at their autotuned tiles with up to 64 groups, at the first
     with up to 256, the expert weight quantizers at their tiles, and both amax passes."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "step_ptr": "*i64", "k1": "i32",
@@ -197,7 +219,7 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     sizes = {"R": "i32", "K": "i32", "KL": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
     nvfp4 = head | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | sizes
     out = []
-    for cfg, groups in [(c, 64) for c in qg.NVFP4_CONFIGS] + [(qg.NVFP4_CONFIGS[0], 256)]:
+    for cfg, groups in [(c, 64) for c in tiles(qg.NVFP4_CONFIGS, full)] + [(qg.NVFP4_CONFIGS[0], 256)]:
         tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": groups, "RHT": False, "SR": True}
         tag, opts = f"br{tile['BR']}_bk{tile['BK']}_e{groups}", {"num_warps": cfg.num_warps}
         out.append((f"grouped_quantize_nvfp4_{tag}", qg._nvfp4_grouped_kernel.fn, nvfp4, tile, opts))
@@ -210,7 +232,7 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
              "scales_ptr": "*u8"}
     strides = {"R": "i32", "K": "i32", "KL": "i32", "s_r": "i32", "s_k": "i32", "s_b": "i32", "r_r": "i32",
                "r_k": "i32", "c_b": "i32", "sc_b": "i32"}
-    for cfg in qg.NVFP4_CONFIGS:  # expert weights (SR, 16x16 tiles for NVFP4), read down their strided K
+    for cfg in tiles(qg.NVFP4_CONFIGS, full):  # expert weights (SR, 16x16 tiles for NVFP4), read down their strided K
         tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "RHT": False, "SR": True}
         tag, opts = f"br{tile['BR']}_bk{tile['BK']}", {"num_warps": cfg.num_warps}
         out.append((f"batch_quantize_nvfp4_{tag}", qg._nvfp4_batch_kernel.fn,
@@ -219,20 +241,22 @@ def grouped_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     return out
 
 
-def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
+def k_group_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """The wgrad operands' K-grouped quantizers (bf16, SR, RHT, 64 groups) at their autotuned tiles, and their amax;
     the slice kernels (tokens down a strided dim) compiled as launched."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "step_ptr": "*i64",
             "k1": "i32", "codes_ptr": "*u8", "scales_ptr": "*u8"}
     sizes = {"R": "i32", "KP": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32", "E": "i32"}
     out = []
-    for cfg in kg.NVFP4_CONFIGS:
-        tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": 64, "RHT": True, "SR": True, "GROUP_ROWS": True}
-        tag, opts = f"br{tile['BR']}_bk{tile['BK']}", {"num_warps": cfg.num_warps}
-        out.append((f"k_groups_quantize_nvfp4_{tag}", kg._nvfp4_k_groups_kernel.fn,
-                    head | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | sizes, tile, opts))
-        if cfg in kg.MXFP8_CONFIGS:
-            out.append((f"k_groups_quantize_mxfp8_{tag}", kg._mxfp8_k_groups_kernel.fn, head | sizes, tile | mx, opts))
+    for fmt, kernel, sig, configs, extra in (
+            ("nvfp4", kg._nvfp4_k_groups_kernel, head | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | sizes,
+             kg.NVFP4_CONFIGS, {}),
+            ("mxfp8", kg._mxfp8_k_groups_kernel, head | sizes, kg.MXFP8_CONFIGS, mx)):
+        for cfg in tiles(configs, full):
+            tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": 64, "RHT": True, "SR": True,
+                    "GROUP_ROWS": True}
+            out.append((f"k_groups_quantize_{fmt}_br{tile['BR']}_bk{tile['BK']}", kernel.fn, sig, tile | extra,
+                        {"num_warps": cfg.num_warps}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "amax_ptr": "*i32",
             "R": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
     out.append(("k_groups_quantize_amax", kg._k_groups_amax_kernel, amax,
@@ -241,7 +265,7 @@ def k_group_kernels(mx: dict) -> list[tuple[str, object, dict, dict, dict]]:
     for fmt, kernel, configs in (("nvfp4", kg._nvfp4_k_groups_cols_kernel, qc.NVFP4_CONFIGS),
                                  ("mxfp8", kg._mxfp8_k_groups_cols_kernel, qc.MXFP8_CONFIGS)):
         sig = head | ({"amax_ptr": "*i32", "ts_ptr": "*fp32"} if fmt == "nvfp4" else {}) | sizes
-        for cfg in configs:
+        for cfg in tiles(configs, full):
             out.append((f"k_groups_cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
                         launch | cfg.kwargs | ({} if fmt == "nvfp4" else mx), {"num_warps": cfg.num_warps,
                                                                               LAUNCH_ALIGNED: True}))
@@ -337,17 +361,24 @@ def per_thread(const: dict, options: dict) -> dict:
     return {"per_thread": const["BR"] * const["BK"] // (32 * options.get("num_warps", 4))}
 
 
-def jobs() -> list[tuple[tuple, int]]:
-    """(kernel, target) pairs: every kernel for sm_90 and sm_100, and the grouped GEMMs for sm_80 (A100: its bf16
-    experts run them) and sm_120 (RTX 50x0 / PRO 6000, GB10: torch has no block-scaled grouped GEMM there)."""
-    return [(k, cap) for k in kernels() for cap in (90, 100)] + [(k, cap) for k in grouped_gemms() for cap in (80, 120)]
+def jobs(full: bool = True) -> list[tuple[tuple, int]]:
+    """(kernel, target) pairs: every GEMM for sm_90 and sm_100, the grouped GEMMs for sm_80 (A100: its bf16 experts
+    run them) and sm_120 (RTX 50x0 / PRO 6000, GB10: torch has no block-scaled grouped GEMM there) too, and the
+    quantizers for sm_90 and sm_100; the quick report (not ``full``) compiles those for sm_90 alone, each at its first
+    tile (the quantizers use no tensor cores: sm_100 builds them from the same Triton IR, and the GPU tests run every
+    tile)."""
+    caps = (90, 100) if full else (90,)
+    return ([(k, cap) for k in gemm_kernels() for cap in (90, 100)]
+            + [(k, cap) for k in quantizers(full) for cap in caps]
+            + [(k, cap) for k in grouped_gemms() for cap in (80, 90, 100, 120)])
 
 
-def report_job(index: int) -> dict:
-    kernel, cap = jobs()[index]
+def report_job(full: bool, index: int) -> dict:
+    kernel, cap = jobs(full)[index]
     return report(*kernel, cap)
 
 
 if __name__ == "__main__":  # compiles take minutes without Triton's cache: one process per core
+    full = "--quick" not in sys.argv[1:]
     with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
-        print(json.dumps(pool.map(report_job, range(len(jobs())))))
+        print(json.dumps(pool.map(functools.partial(report_job, full), range(len(jobs(full))))))

@@ -1,6 +1,7 @@
 """Every GPU kernel compiled for sm_90 and sm_100 on this CPU machine: the tensor-core GEMM's PTX uses
 tensor-core MMA, and every cubin (the decode and epilogue kernels of the decoded + cuBLAS path too) fits the
-parts' registers and shared memory. The GEMM's bf16 decode is exact or it hands over to the fp32 kernel.
+parts' registers and shared memory. The default run checks the quick report (the quantizers for sm_90 alone, at
+their first tile); the slow run, the full one. The GEMM's bf16 decode is exact or it hands over to the fp32 kernel.
 (Numerics against the reference: test_triton_scaled_mm.py.)"""
 import importlib
 import json
@@ -17,6 +18,7 @@ pytest.importorskip("triton")
 
 from autoprec.kernels import dispatch, quantize_ref
 from autoprec.kernels import quantize_cols_triton as qc
+from autoprec.kernels import quantize_grouped_triton as qg
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.quantize_dual_triton import CONFIGS
 from autoprec.kernels.quantize_triton import CONFIGS as QUANT_CONFIGS
@@ -26,12 +28,19 @@ from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 
 
+@pytest.fixture(scope="module", params=["quick", pytest.param("full", marks=pytest.mark.slow)])
+def report_scope(request) -> str:
+    """Which report: the quick one (quantizers for sm_90 at their first tile), or the full one (slow)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def ptx_report() -> list[dict]:
+def ptx_report(report_scope) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the real compiler, not the interpreter
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     script = Path(__file__).with_name("ptx_report.py")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    flags = ["--quick"] if report_scope == "quick" else []
+    out = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -85,40 +94,56 @@ def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
                                                                 "tensor_core_grouped_wgrad_inplace_bf16": True}
 
 
-def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report):
+def quantizer_caps(report_scope: str) -> tuple[int, ...]:
+    return (90, 100) if report_scope == "full" else (90,)
+
+
+def test_ptx_quantizers_hash_their_sr_bits(ptx_report, report_scope):
+    """Every quantizer compiled with SR hashes its bits in the kernel (but the ones given loaded bits), at each
+    autotuned tile (the quick report: the first) for sm_90 (the full one: and sm_100)."""
+    caps = len(quantizer_caps(report_scope))
+
+    def tiles(configs) -> int:
+        return len(configs) if report_scope == "full" else 1
+
     quant = [r for r in ptx_report if r["kernel"].startswith(("quantize_nvfp4", "quantize_mxfp8"))]
-    assert len(quant) == 8 + 4 * (len(QUANT_CONFIGS) - 1) + 8  # + the four launch-specialized row kernels
+    assert len(quant) == caps * (4 + 2 * (tiles(QUANT_CONFIGS) - 1) + 4)  # + the four launch-specialized row kernels
     assert all(r["sr_hash"] == ("_hashed" in r["kernel"]) for r in quant)
     dual = [r for r in ptx_report if r["kernel"].startswith(("quantize_dual_nvfp4", "quantize_dual_mxfp8"))]
-    assert len(dual) == 2 * 2 * len(CONFIGS) and all(r["sr_hash"] for r in dual)
+    assert len(dual) == caps * 2 * tiles(CONFIGS) and all(r["sr_hash"] for r in dual)
     grouped = [r for r in ptx_report if r["kernel"].startswith(("grouped_quantize_nvfp4", "grouped_quantize_mxfp8"))]
-    assert len(grouped) == 2 * 2 * 4 and all(r["sr_hash"] for r in grouped)  # 3 tiles at 64 groups, 1 at 256
+    assert len(grouped) == caps * 2 * (tiles(qg.NVFP4_CONFIGS) + 1)  # the tiles at 64 groups, the first at 256
+    assert all(r["sr_hash"] for r in grouped)
     batched = [r for r in ptx_report if r["kernel"].startswith(("batch_quantize_nvfp4", "batch_quantize_mxfp8"))]
-    assert len(batched) == 2 * 2 * 3 and all(r["sr_hash"] for r in batched)
+    assert len(batched) == caps * 2 * tiles(qg.NVFP4_CONFIGS) and all(r["sr_hash"] for r in batched)
     k_groups = [r for r in ptx_report if r["kernel"].startswith(("k_groups_quantize_nvfp4", "k_groups_quantize_mxfp8"))]
-    assert len(k_groups) == 2 * (3 + 2) and all(r["sr_hash"] for r in k_groups)  # NVFP4 3 tiles, MXFP8 2
+    assert len(k_groups) == caps * (tiles(qg.NVFP4_CONFIGS) + tiles(qg.MXFP8_CONFIGS))
+    assert all(r["sr_hash"] for r in k_groups)
     k_slices = [r for r in ptx_report if r["kernel"].startswith(("k_groups_cols_quantize_nvfp4",
                                                                  "k_groups_cols_quantize_mxfp8"))]
-    assert len(k_slices) == 2 * (len(qc.NVFP4_CONFIGS) + len(qc.MXFP8_CONFIGS)) and all(r["sr_hash"] for r in k_slices)
+    assert len(k_slices) == caps * (tiles(qc.NVFP4_CONFIGS) + tiles(qc.MXFP8_CONFIGS))
+    assert all(r["sr_hash"] for r in k_slices)
 
 
-def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report):
+def test_ptx_row_quantizers_vectorize_loads_as_launched(ptx_report, report_scope):
     """Compiled as Triton specializes a launch on a row-major bf16 tensor (aligned, unit stride), the row
     quantizers read 16 bytes per load."""
-    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, two targets
-    assert len(launched) == 8 and all(r["vector_loads"] for r in launched), launched
+    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, each target
+    assert len(launched) == 4 * len(quantizer_caps(report_scope)) and all(r["vector_loads"] for r in launched)
 
 
-def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report):
+def test_ptx_column_copies_quantize_in_slices(ptx_report, report_scope):
     """Column copies as a launch compiles them (a row-major bf16 tensor blocked down its rows, the wgrad operands:
-    NVFP4 with SR and RHT, MXFP8 with SR): the slice kernels, at every tile they tune over, take at most half the
-    SASS instructions per element of the tile kernel on the same launch (NVFP4 about a third), and hash their SR
-    bits; their RHT amax pass takes under half the tile amax pass's."""
-    for cap in (90, 100):
+    NVFP4 with SR and RHT, MXFP8 with SR): the slice kernels, at every tile they tune over (the quick report: the
+    first), take at most half the SASS instructions per element of the tile kernel on the same launch (NVFP4 about
+    a third), and hash their SR bits; their RHT amax pass takes under half the tile amax pass's."""
+    import ptx_report as script
+
+    for cap in quantizer_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
             tile = rows[f"tile_cols_quantize_{fmt}_launch"]
-            for cfg in configs:
+            for cfg in script.tiles(configs, report_scope == "full"):
                 sliced = rows[f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}"]
                 assert sliced["sr_hash"] and per_element(sliced) <= per_element(tile) / 2, (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
@@ -141,7 +166,7 @@ def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
 
 def test_ptx_report_compiles_every_kernel_autoprec_launches():
     """Each Triton kernel a module of autoprec.kernels launches (``name[grid](...)`` in its source) is one
-    ``ptx_report`` compiles for sm_90 and sm_100, so a new kernel cannot miss the tests above."""
+    ``ptx_report``'s quick report compiles, so a new kernel cannot miss the tests above."""
     import ptx_report
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import KernelInterface
@@ -151,7 +176,7 @@ def test_ptx_report_compiles_every_kernel_autoprec_launches():
     def unwrapped(kernel):
         return kernel.fn if isinstance(kernel, Autotuner) else kernel
 
-    compiled = {id(unwrapped(kernel)) for _, kernel, *_ in ptx_report.kernels()}
+    compiled = {id(unwrapped(kernel)) for _, kernel, *_ in ptx_report.kernels(full=False)}
     launched = {}
     for path in sorted(Path(autoprec.kernels.__file__).parent.glob("*.py")):
         module = importlib.import_module(f"autoprec.kernels.{path.stem}")
