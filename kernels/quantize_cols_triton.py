@@ -124,9 +124,9 @@ def slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, j: tl.constexpr, HASH: 
 
 
 @triton.jit
-def _tile(W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """(rows, the blocks' first columns) of this program's BR x BK tile of W-element blocks."""
-    return tl.program_id(0) * BR + tl.arange(0, BR), tl.program_id(1) * BK + tl.arange(0, BK // W) * W
+def _tile(pid_r, pid_k, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """(rows, the blocks' first columns) of tile (``pid_r``, ``pid_k``) of BR x BK, in W-element blocks."""
+    return pid_r * BR + tl.arange(0, BR), pid_k * BK + tl.arange(0, BK // W) * W
 
 
 @triton.jit
@@ -204,11 +204,20 @@ def _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR: tl.constexpr, HASH: tl.c
 def _nvfp4_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
                        r_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
                        HASH: tl.constexpr):
-    rows, c0 = _tile(16, BR, BK)
+    nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
+                      r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH)
+
+
+@triton.jit
+def nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
+                      r_k, pid_r, pid_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
+                      HASH: tl.constexpr):
+    """``quantize_triton.nvfp4_tile`` in slices: tile (``pid_r``, ``pid_k``) of the (R, K) view, the same bytes."""
+    rows, c0 = _tile(pid_r, pid_k, 16, BR, BK)
     ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, RHT)
     a, b, idx = _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR, HASH)
-    nvfp4_store_slices(ys, amax_ptr, 0, ts_ptr, tl.program_id(0) == 0 and tl.program_id(1) == 0, rand_ptr, a, b, idx,
-                       r_k, rows, R, c0, K, c0, K, codes_ptr, scales_ptr, SR, HASH, False)
+    nvfp4_store_slices(ys, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, a, b, idx, r_k, rows, R, c0, K,
+                       c0, K, codes_ptr, scales_ptr, SR, HASH, False)
 
 
 @autotune(tiles(MXFP8_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
@@ -217,11 +226,28 @@ def _mxfp8_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                        MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
                        SR: tl.constexpr, HASH: tl.constexpr):
-    rows, c0 = _tile(32, BR, BK)
+    mxfp8_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
+                      tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT, SR, HASH)
+
+
+@triton.jit
+def mxfp8_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
+                      EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                      MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
+                      SR: tl.constexpr, HASH: tl.constexpr):
+    """``quantize_triton.mxfp8_tile`` in slices: tile (``pid_r``, ``pid_k``) of the (R, K) view, the same bytes."""
+    rows, c0 = _tile(pid_r, pid_k, 32, BR, BK)
     ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 32, RHT)
     a, b, idx = _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR, HASH)
     mxfp8_store_slices(ys, rand_ptr, a, b, idx, r_k, rows, R, c0, K, c0, K, codes_ptr, scales_ptr, EBITS, MBITS, BIAS,
                        EMAX, MAX, FLOOR, SR, HASH)
+
+
+@triton.jit
+def slices_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
+    """``quantize_triton.tile_amax`` in slices: max|x| over the finite values of tile (``pid_r``, ``pid_k``)."""
+    rows, c0 = _tile(pid_r, pid_k, 16, BR, BK)
+    return tl.max(tl.max(finite_amax(load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, RHT)), 1), 0)
 
 
 @triton.jit

@@ -2,11 +2,14 @@
 fprop / dgrad operand) and columnwise (blocks along dim 0, the wgrad operand), each with its own rounding,
 SR stream and RHT, as Transformer Engine's quantizers write them.
 
-Each program quantizes one B x B tile both ways; the tile's second (transposed) reading comes from cache,
-so the source crosses HBM once (twice for NVFP4, whose tensor scales need the amax of the whole tensor
-first: one pass computes both copies' amaxes). SR bits are hashed in the kernel. Block sizes and warps
-are autotuned on a GPU (the interpreter runs the first config). The two copies are byte for byte what two
-``quantize_triton`` calls (and the reference) make.
+Each program quantizes one BR x BK tile both ways: rowwise as ``quantize_triton``'s tile kernels do, columnwise
+in slices as ``quantize_cols_triton``'s kernels do (each thread holds whole blocks down the rows); the tile's
+second reading comes from cache, so the source crosses HBM once (twice for NVFP4, whose tensor scales need the
+amax of the whole tensor first: one pass computes both copies' amaxes). SR bits are hashed in the kernel. Tiles
+and warps are autotuned on a GPU (the interpreter runs the first config). The two copies are byte for byte what
+two ``quantize_triton`` calls (and the reference) make. Compiled for sm_90 as a launch on a row-major bf16
+gradient specializes it, both copies take about the instructions per element of the two kernels they replace
+(tests/ptx_report.py).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import atomic_max_bits
 from autoprec.kernels.launch import cdiv
+from autoprec.kernels.quantize_cols_triton import mxfp8_slices_tile, nvfp4_slices_tile, slices_amax
 from autoprec.kernels.quantize_triton import (
     _index_strides,
     _rht_operand,
@@ -30,56 +34,61 @@ from autoprec.kernels.quantize_triton import (
 )
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
 
-# 8 warps: with 4, the NVFP4 kernel's two tiles spill registers on sm_90 (tests/ptx_report.py)
-CONFIGS = [triton.Config({"B": b}, num_warps=8) for b in (64, 32)]
+# (BR, BK, warps): the columnwise copy's slices run along the BK columns, so BK is the wide side (a slice of
+# BK x BR/32 elements fills the threads); MXFP8's BR holds whole 32-row blocks. Not yet timed on a GPU.
+NVFP4_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
+    (32, 128, 4), (16, 256, 8), (32, 64, 4))]
+MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
+    (32, 128, 4), (32, 256, 8), (64, 64, 4))]
 DUAL_KEY_ARGS = ["k1_a", "k2_a", "k1_b", "k2_b"]  # SR keys: scalars, never specialized (quantize_triton.KEY_ARGS)
 
 
-def _configs() -> list[triton.Config]:
-    return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else CONFIGS
+def _configs(configs: list[triton.Config]) -> list[triton.Config]:
+    return configs[:1] if os.environ.get("TRITON_INTERPRET") == "1" else configs
 
 
-@autotune(_configs(), ["R", "K"])
+@autotune(_configs(NVFP4_CONFIGS), ["R", "K"])
 @triton.jit
-def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, B: tl.constexpr, RHT_A: tl.constexpr, RHT_B: tl.constexpr):
+def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr,
+                  RHT_B: tl.constexpr):
     """The amaxes of the rowwise copy's source (RHT along dim 1) and the columnwise one's (along dim 0), as
     fp32 bits into ``amax_ptr[0]`` and ``amax_ptr[1]`` (zeroed first)."""
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    a = tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, B, B, RHT_A)
+    a = tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR, BK, RHT_A)
     b = a
     if RHT_A or RHT_B:
-        b = tile_amax(x_ptr, m_ptr, K, R, s_k, s_r, pid_k, pid_r, B, B, RHT_B)
+        b = slices_amax(x_ptr, m_ptr, K, R, s_k, s_r, pid_k, pid_r, BK, BR, RHT_B)
     atomic_max_bits(amax_ptr, a)
     atomic_max_bits(amax_ptr + 1, b)
 
 
-@autotune(_configs(), ["R", "K"])
+@autotune(_configs(NVFP4_CONFIGS), ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
                        k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, ib_r, ib_k,
-                       B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
+                       BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
                        RHT_B: tl.constexpr, SR_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, R, K, s_r, s_k, ia_r, ia_k,
-               pid_r, pid_k, B, B, RHT_A, SR_A, True, False)
-    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, K, R, s_k, s_r, ib_r, ib_k,
-               pid_k, pid_r, B, B, RHT_B, SR_B, True, False)
+               pid_r, pid_k, BR, BK, RHT_A, SR_A, True, False)
+    nvfp4_slices_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, K, R, s_k, s_r, ib_r, ib_k,
+                      pid_k, pid_r, BK, BR, RHT_B, SR_B, 1)
 
 
-@autotune(_configs(), ["R", "K"])
+@autotune(_configs(MXFP8_CONFIGS), ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, codes_b, scales_b, ib_r, ib_k,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                        MAX: tl.constexpr, FLOOR: tl.constexpr,
-                       B: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
+                       BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
                        RHT_B: tl.constexpr, SR_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     mxfp8_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
-               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_A, SR_A, True)
-    mxfp8_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
-               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, B, B, RHT_B, SR_B, True)
+               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT_A, SR_A, True)
+    mxfp8_slices_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
+                      EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BK, BR, RHT_B, SR_B, 1)
 
 
 def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
@@ -95,7 +104,7 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     ia, ib = (_index_strides(src.shape, axis) for src, axis in sources)
     # hashed with keys given on the host (a StepStream's step is read here: this kernel runs only in the interpreter)
     keys = tuple(kernel_keys(None if c.seed is None else int(c.seed)) for c in (rows, cols))
-    grid = lambda meta: (cdiv(n_rows, meta["B"]), cdiv(k, meta["B"]))  # noqa: E731
+    grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax

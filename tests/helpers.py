@@ -105,9 +105,8 @@ def stand_in_gpu(monkeypatch, capability: tuple[int, int]) -> None:
 
 
 def tile_id(config) -> str:
-    """A quantizer tile config's test id: rows x columns (a one-read kernel's B x B tile: bB), warps."""
-    kw = config.kwargs
-    return (f"b{kw['B']}" if "B" in kw else f"{kw['BR']}x{kw['BK']}") + f"w{config.num_warps}"
+    """A quantizer tile config's test id: rows x columns, warps."""
+    return f"{config.kwargs['BR']}x{config.kwargs['BK']}w{config.num_warps}"
 
 
 def force_tile(monkeypatch, kernels, config) -> None:

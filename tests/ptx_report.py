@@ -6,8 +6,8 @@ the one-read, grouped, batched and K-grouped ones at their autotuned tiles; the 
 K-grouped operands as a launch specializes them, beside the tile kernels on the same launch; and the fprop row
 quantizers as a launch specializes them, with their SASS instruction counts). Run in a process without
 TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process
-per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles the
-quantizers for sm_90 alone, each at its first tile (a third of the work)."""
+per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles each
+autotuned quantizer at its first tile alone (half the work)."""
 from __future__ import annotations
 
 import functools
@@ -186,7 +186,8 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
 
 
 def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
-    """The row + column quantizers at every autotuned config (SR and RHT on both copies)."""
+    """The one-read row + column quantizers at every autotuned tile (SR and RHT on both copies), and as a launch
+    specializes them, beside the rowwise kernel such a launch replaces."""
     head = {"x_ptr": "*fp32", "m_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32"}
 
     def side(s: str, nvfp4: bool) -> dict:
@@ -198,17 +199,27 @@ def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, di
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     mx = {k: v for k, v in mx.items() if k != "SR"}
+    # as a launch on a row-major bf16 gradient specializes the kernel: SR both ways (RHT on NVFP4's columnwise copy)
+    gradient = {"s_k": 1, "ia_k": 1, "ib_r": 1, "RHT_A": False, "SR_A": True, "SR_B": True}
     out = []
-    for cfg in tiles(qd.CONFIGS, full):
-        b, opts = cfg.kwargs["B"], {"num_warps": cfg.num_warps}
-        tag = f"b{b}_w{cfg.num_warps}"
-        out.append((f"quantize_dual_nvfp4_{tag}", qd._nvfp4_dual_kernel.fn,
-                    head | side("a", True) | side("b", True), {"B": b} | flags, opts))
-        out.append((f"quantize_dual_mxfp8_{tag}", qd._mxfp8_dual_kernel.fn,
-                    head | side("a", False) | side("b", False), mx | {"B": b} | flags, opts))
-        out.append((f"quantize_dual_amax_{tag}", qd._amax2_kernel.fn, amax,
-                    {"B": b, "RHT_A": True, "RHT_B": True}, opts))
-    return out
+    for fmt, kernel, sig, extra, configs in (
+            ("nvfp4", qd._nvfp4_dual_kernel, head | side("a", True) | side("b", True), {}, qd.NVFP4_CONFIGS),
+            ("mxfp8", qd._mxfp8_dual_kernel, head | side("a", False) | side("b", False), mx, qd.MXFP8_CONFIGS)):
+        for cfg in tiles(configs, full):
+            tile, opts = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"]}, {"num_warps": cfg.num_warps}
+            tag = f"br{tile['BR']}_bk{tile['BK']}"
+            out.append((f"quantize_dual_{fmt}_{tag}", kernel.fn, sig, extra | tile | flags, opts))
+            out.append((f"dual_launch_{fmt}_{tag}", kernel.fn, sig | {"x_ptr": "*bf16"},
+                        extra | tile | gradient | {"RHT_B": fmt == "nvfp4"}, opts | {LAUNCH_ALIGNED: True}))
+            if fmt == "nvfp4":
+                out.append((f"quantize_dual_amax_{tag}", qd._amax2_kernel.fn, amax, tile | {"RHT_A": True,
+                                                                                           "RHT_B": True}, opts))
+    # the rowwise kernel the one-read kernel's launch replaces, beside the column slice kernel (column_kernels)
+    rows = QUANT_POINTERS | SIZES | {"x_ptr": "*bf16"}
+    rows_sr = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": False, "SR": True, "HASH": 1, "s_k": 1, "r_k": 1}
+    return out + [("rows_sr_launch_nvfp4", qt._nvfp4_kernel.fn, rows | {"amax_ptr": "*i32", "ts_ptr": "*fp32"},
+                   rows_sr | {"TILE2D": False}, {LAUNCH_ALIGNED: True}),
+                  ("rows_sr_launch_mxfp8", qt._mxfp8_kernel.fn, rows, mx | rows_sr, {LAUNCH_ALIGNED: True})]
 
 
 def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
@@ -343,7 +354,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
     if options.pop(LAUNCH_ALIGNED, False):
         names = kernel.arg_names
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
-                 if n not in const and n not in qt.KEY_ARGS}
+                 if n not in const and n not in qt.KEY_ARGS + qd.DUAL_KEY_ARGS}
     src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
@@ -364,12 +375,8 @@ def per_thread(const: dict, options: dict) -> dict:
 def jobs(full: bool = True) -> list[tuple[tuple, int]]:
     """(kernel, target) pairs: every GEMM for sm_90 and sm_100, the grouped GEMMs for sm_80 (A100: its bf16 experts
     run them) and sm_120 (RTX 50x0 / PRO 6000, GB10: torch has no block-scaled grouped GEMM there) too, and the
-    quantizers for sm_90 and sm_100; the quick report (not ``full``) compiles those for sm_90 alone, each at its first
-    tile (the quantizers use no tensor cores: sm_100 builds them from the same Triton IR, and the GPU tests run every
-    tile)."""
-    caps = (90, 100) if full else (90,)
-    return ([(k, cap) for k in gemm_kernels() for cap in (90, 100)]
-            + [(k, cap) for k in quantizers(full) for cap in caps]
+    quantizers for sm_90 and sm_100 (the quick report, not ``full``: each at its first tile)."""
+    return ([(k, cap) for k in gemm_kernels() + quantizers(full) for cap in (90, 100)]
             + [(k, cap) for k in grouped_gemms() for cap in (80, 90, 100, 120)])
 
 

@@ -1,8 +1,8 @@
 """Every GPU kernel compiled for sm_90 and sm_100 on this CPU machine: the tensor-core GEMM's PTX uses
 tensor-core MMA, and every cubin (the decode and epilogue kernels of the decoded + cuBLAS path too) fits the
-parts' registers and shared memory. The default run checks the quick report (the quantizers for sm_90 alone, at
-their first tile); the slow run, the full one. The GEMM's bf16 decode is exact or it hands over to the fp32 kernel.
-(Numerics against the reference: test_triton_scaled_mm.py.)"""
+parts' registers and shared memory. The default run checks the quick report (each autotuned quantizer at its
+first tile); the slow run, the full one (every tile). The GEMM's bf16 decode is exact or it hands over to the fp32
+kernel. (Numerics against the reference: test_triton_scaled_mm.py.)"""
 import importlib
 import json
 import os
@@ -16,11 +16,13 @@ import torch
 
 pytest.importorskip("triton")
 
+import ptx_report as script
+
 from autoprec.kernels import dispatch, quantize_ref
 from autoprec.kernels import quantize_cols_triton as qc
+from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_grouped_triton as qg
 from autoprec.kernels.operand import as_operand
-from autoprec.kernels.quantize_dual_triton import CONFIGS
 from autoprec.kernels.quantize_triton import CONFIGS as QUANT_CONFIGS
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 
@@ -30,7 +32,7 @@ SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 
 @pytest.fixture(scope="module", params=["quick", pytest.param("full", marks=pytest.mark.slow)])
 def report_scope(request) -> str:
-    """Which report: the quick one (quantizers for sm_90 at their first tile), or the full one (slow)."""
+    """Which report: the quick one (each autotuned quantizer at its first tile), or the full one (slow)."""
     return request.param
 
 
@@ -38,9 +40,9 @@ def report_scope(request) -> str:
 def ptx_report(report_scope) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the real compiler, not the interpreter
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    script = Path(__file__).with_name("ptx_report.py")
+    path = Path(__file__).with_name("ptx_report.py")
     flags = ["--quick"] if report_scope == "quick" else []
-    out = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run([sys.executable, str(path), *flags], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -94,52 +96,45 @@ def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
                                                                 "tensor_core_grouped_wgrad_inplace_bf16": True}
 
 
-def quantizer_caps(report_scope: str) -> tuple[int, ...]:
-    return (90, 100) if report_scope == "full" else (90,)
-
-
-def test_ptx_quantizers_hash_their_sr_bits(ptx_report, report_scope):
+def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report, report_scope):
     """Every quantizer compiled with SR hashes its bits in the kernel (but the ones given loaded bits), at each
-    autotuned tile (the quick report: the first) for sm_90 (the full one: and sm_100)."""
-    caps = len(quantizer_caps(report_scope))
-
+    autotuned tile (the quick report: the first), for both targets."""
     def tiles(configs) -> int:
-        return len(configs) if report_scope == "full" else 1
+        return len(script.tiles(configs, report_scope == "full"))
 
     quant = [r for r in ptx_report if r["kernel"].startswith(("quantize_nvfp4", "quantize_mxfp8"))]
-    assert len(quant) == caps * (4 + 2 * (tiles(QUANT_CONFIGS) - 1) + 4)  # + the four launch-specialized row kernels
+    assert len(quant) == 2 * (4 + 2 * (tiles(QUANT_CONFIGS) - 1) + 4)  # + the four launch-specialized row kernels
     assert all(r["sr_hash"] == ("_hashed" in r["kernel"]) for r in quant)
-    dual = [r for r in ptx_report if r["kernel"].startswith(("quantize_dual_nvfp4", "quantize_dual_mxfp8"))]
-    assert len(dual) == caps * 2 * tiles(CONFIGS) and all(r["sr_hash"] for r in dual)
+    dual = [r for r in ptx_report if r["kernel"].startswith(("quantize_dual_nvfp4", "quantize_dual_mxfp8",
+                                                             "dual_launch"))]
+    assert len(dual) == 2 * 2 * (tiles(qd.NVFP4_CONFIGS) + tiles(qd.MXFP8_CONFIGS)) and all(r["sr_hash"] for r in dual)
     grouped = [r for r in ptx_report if r["kernel"].startswith(("grouped_quantize_nvfp4", "grouped_quantize_mxfp8"))]
-    assert len(grouped) == caps * 2 * (tiles(qg.NVFP4_CONFIGS) + 1)  # the tiles at 64 groups, the first at 256
+    assert len(grouped) == 2 * 2 * (tiles(qg.NVFP4_CONFIGS) + 1)  # the tiles at 64 groups, the first at 256
     assert all(r["sr_hash"] for r in grouped)
     batched = [r for r in ptx_report if r["kernel"].startswith(("batch_quantize_nvfp4", "batch_quantize_mxfp8"))]
-    assert len(batched) == caps * 2 * tiles(qg.NVFP4_CONFIGS) and all(r["sr_hash"] for r in batched)
+    assert len(batched) == 2 * 2 * tiles(qg.NVFP4_CONFIGS) and all(r["sr_hash"] for r in batched)
     k_groups = [r for r in ptx_report if r["kernel"].startswith(("k_groups_quantize_nvfp4", "k_groups_quantize_mxfp8"))]
-    assert len(k_groups) == caps * (tiles(qg.NVFP4_CONFIGS) + tiles(qg.MXFP8_CONFIGS))
+    assert len(k_groups) == 2 * (tiles(qg.NVFP4_CONFIGS) + tiles(qg.MXFP8_CONFIGS))
     assert all(r["sr_hash"] for r in k_groups)
     k_slices = [r for r in ptx_report if r["kernel"].startswith(("k_groups_cols_quantize_nvfp4",
                                                                  "k_groups_cols_quantize_mxfp8"))]
-    assert len(k_slices) == caps * (tiles(qc.NVFP4_CONFIGS) + tiles(qc.MXFP8_CONFIGS))
+    assert len(k_slices) == 2 * (tiles(qc.NVFP4_CONFIGS) + tiles(qc.MXFP8_CONFIGS))
     assert all(r["sr_hash"] for r in k_slices)
 
 
-def test_ptx_row_quantizers_vectorize_loads_as_launched(ptx_report, report_scope):
+def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report):
     """Compiled as Triton specializes a launch on a row-major bf16 tensor (aligned, unit stride), the row
     quantizers read 16 bytes per load."""
-    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, each target
-    assert len(launched) == 4 * len(quantizer_caps(report_scope)) and all(r["vector_loads"] for r in launched)
+    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, two targets
+    assert len(launched) == 8 and all(r["vector_loads"] for r in launched), launched
 
 
-def test_ptx_column_copies_quantize_in_slices(ptx_report, report_scope):
+def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_scope):
     """Column copies as a launch compiles them (a row-major bf16 tensor blocked down its rows, the wgrad operands:
     NVFP4 with SR and RHT, MXFP8 with SR): the slice kernels, at every tile they tune over (the quick report: the
     first), take at most half the SASS instructions per element of the tile kernel on the same launch (NVFP4 about
     a third), and hash their SR bits; their RHT amax pass takes under half the tile amax pass's."""
-    import ptx_report as script
-
-    for cap in quantizer_caps(report_scope):
+    for cap in (90, 100):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
             tile = rows[f"tile_cols_quantize_{fmt}_launch"]
@@ -148,6 +143,24 @@ def test_ptx_column_copies_quantize_in_slices(ptx_report, report_scope):
                 assert sliced["sr_hash"] and per_element(sliced) <= per_element(tile) / 2, (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
         assert per_element(amax) <= per_element(tile_amax) / 2, (amax, tile_amax)
+
+
+def test_ptx_sm90_and_sm100_one_read_quantizer_costs_no_more_than_the_two_kernels_it_replaces(ptx_report,
+                                                                                              report_scope):
+    """The one-read kernel on a row-major bf16 gradient (SR both ways, RHT on NVFP4's columnwise copy), as a launch
+    compiles it: at every tile it tunes over (the quick report: the first), both copies take at most the SASS
+    instructions per element of the rowwise kernel and the column slice kernel together, so the read it saves
+    is not paid for in instructions."""
+    for cap in (90, 100):
+        rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
+        for fmt, configs, cols in (("nvfp4", qd.NVFP4_CONFIGS, qc.NVFP4_CONFIGS),
+                                   ("mxfp8", qd.MXFP8_CONFIGS, qc.MXFP8_CONFIGS)):
+            c = cols[0].kwargs
+            column = rows[f"cols_quantize_{fmt}_br{c['BR']}_bk{c['BK']}"]
+            two = per_element(rows[f"rows_sr_launch_{fmt}"]) + per_element(column)
+            for cfg in script.tiles(configs, report_scope == "full"):
+                one = rows[f"dual_launch_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}"]
+                assert one["vector_loads"] and per_element(one) <= two, (one, two)
 
 
 def per_element(report: dict) -> float:
@@ -167,7 +180,6 @@ def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
 def test_ptx_report_compiles_every_kernel_autoprec_launches():
     """Each Triton kernel a module of autoprec.kernels launches (``name[grid](...)`` in its source) is one
     ``ptx_report``'s quick report compiles, so a new kernel cannot miss the tests above."""
-    import ptx_report
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import KernelInterface
 
@@ -176,7 +188,7 @@ def test_ptx_report_compiles_every_kernel_autoprec_launches():
     def unwrapped(kernel):
         return kernel.fn if isinstance(kernel, Autotuner) else kernel
 
-    compiled = {id(unwrapped(kernel)) for _, kernel, *_ in ptx_report.kernels(full=False)}
+    compiled = {id(unwrapped(kernel)) for _, kernel, *_ in script.kernels(full=False)}
     launched = {}
     for path in sorted(Path(autoprec.kernels.__file__).parent.glob("*.py")):
         module = importlib.import_module(f"autoprec.kernels.{path.stem}")
