@@ -5,11 +5,11 @@ SR stream and RHT, as Transformer Engine's quantizers write them.
 Each program quantizes one BR x BK tile both ways: rowwise as ``quantize_triton``'s tile kernels do, columnwise
 in slices as ``quantize_cols_triton``'s kernels do (each thread holds whole blocks down the rows); the tile's
 second reading comes from cache, so the source crosses HBM once (twice for NVFP4, whose tensor scales need the
-amax of the whole tensor first: one pass computes both copies' amaxes). SR bits are hashed in the kernel. Tiles
-and warps are autotuned on a GPU (the interpreter runs the first config). The two copies are byte for byte what
-two ``quantize_triton`` calls (and the reference) make. Compiled for sm_90 as a launch on a row-major bf16
-gradient specializes it, both copies take about the instructions per element of the two kernels they replace
-(tests/ptx_report.py).
+amax of the whole tensor first: one pass computes both copies' amaxes). SR bits are hashed in the kernel (a
+``StepStream``'s keys from its step, read on the device). Tiles and warps are autotuned on a GPU (the interpreter
+runs the first config). The two copies are byte for byte what two ``quantize_triton`` calls (and the reference)
+make. Compiled for sm_90 as the graph launches it on a row-major bf16 gradient, its two copies take fewer
+instructions per element than the rowwise and column slice kernels it replaces (tests/ptx_report.py).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from autoprec.kernels.quantize_triton import (
     tile_amax,
 )
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
+from autoprec.kernels.random_bits import StepStream
 
 # (BR, BK, warps): the columnwise copy's slices run along the BK columns, so BK is the wide side (a slice of
 # BK x BR/32 elements fills the threads); MXFP8's BR holds whole 32-row blocks. Not yet timed on a GPU.
@@ -65,30 +66,30 @@ def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: 
 @autotune(_configs(NVFP4_CONFIGS), ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
-                       k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
-                       k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, ib_r, ib_k,
+                       k1_a, k2_a, step_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
+                       k1_b, k2_b, step_b, codes_b, scales_b, amax_b, ts_b, ib_r, ib_k,
                        BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
-                       RHT_B: tl.constexpr, SR_B: tl.constexpr):
+                       HASH_A: tl.constexpr, RHT_B: tl.constexpr, SR_B: tl.constexpr, HASH_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    nvfp4_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, R, K, s_r, s_k, ia_r, ia_k,
-               pid_r, pid_k, BR, BK, RHT_A, SR_A, True, False)
-    nvfp4_slices_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, K, R, s_k, s_r, ib_r, ib_k,
-                      pid_k, pid_r, BK, BR, RHT_B, SR_B, 1)
+    nvfp4_tile(x_ptr, m_ptr, step_a, k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, R, K, s_r, s_k, ia_r, ia_k,
+               pid_r, pid_k, BR, BK, RHT_A, SR_A, HASH_A, False)
+    nvfp4_slices_tile(x_ptr, m_ptr, step_b, k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, K, R, s_k, s_r, ib_r, ib_k,
+                      pid_k, pid_r, BK, BR, RHT_B, SR_B, HASH_B)
 
 
 @autotune(_configs(MXFP8_CONFIGS), ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
-                       k1_a, k2_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, codes_b, scales_b, ib_r, ib_k,
-                       EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
+                       k1_a, k2_a, step_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, step_b, codes_b, scales_b,
+                       ib_r, ib_k, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                        MAX: tl.constexpr, FLOOR: tl.constexpr,
                        BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
-                       RHT_B: tl.constexpr, SR_B: tl.constexpr):
+                       HASH_A: tl.constexpr, RHT_B: tl.constexpr, SR_B: tl.constexpr, HASH_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
-    mxfp8_tile(x_ptr, m_ptr, x_ptr, k1_a, k2_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
-               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT_A, SR_A, True)
-    mxfp8_slices_tile(x_ptr, m_ptr, x_ptr, k1_b, k2_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
-                      EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BK, BR, RHT_B, SR_B, 1)
+    mxfp8_tile(x_ptr, m_ptr, step_a, k1_a, k2_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
+               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT_A, SR_A, HASH_A)
+    mxfp8_slices_tile(x_ptr, m_ptr, step_b, k1_b, k2_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
+                      EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BK, BR, RHT_B, SR_B, HASH_B)
 
 
 def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
@@ -102,10 +103,11 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     # (the index strides of its (rows, K) view), and it is returned as ``quantize`` returns that quantization
     sources = [rows.source(x, 1), cols.source(x, 0)]
     ia, ib = (_index_strides(src.shape, axis) for src, axis in sources)
-    # hashed with keys given on the host (a StepStream's step is read here: this kernel runs only in the interpreter)
-    keys = tuple(kernel_keys(None if c.seed is None else int(c.seed)) for c in (rows, cols))
+    # each copy's SR bits hashed in the kernel: (k1, k2, the step a StepStream's keys take on the device)
+    keys = [(*kernel_keys(c.seed), c.seed.step if isinstance(c.seed, StepStream) else x) for c in (rows, cols)]
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
-    sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, RHT_B=cols.rht, SR_B=cols.seed is not None)
+    sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, HASH_A=_hash(rows), RHT_B=cols.rht,
+                 SR_B=cols.seed is not None, HASH_B=_hash(cols))
     if fmt is NVFP4:
         amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax
         _amax2_kernel[grid](x, m, amax, n_rows, k, x.stride(0), x.stride(1), RHT_A=rows.rht, RHT_B=cols.rht)
@@ -130,3 +132,8 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
                              BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **sides)
     return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, src.shape)
                  for c, s, (src, axis) in zip(codes, scales, sources))
+
+
+def _hash(copy: QuantCopy) -> int:
+    """The kernels' HASH of a copy's SR keys: 2 for a ``StepStream`` (its step read on the device), else 1."""
+    return 2 if isinstance(copy.seed, StepStream) else 1

@@ -192,15 +192,16 @@ def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, di
 
     def side(s: str, nvfp4: bool) -> dict:
         ts = {f"amax_{s}": "*i32", f"ts_{s}": "*fp32"} if nvfp4 else {}
-        return {f"k1_{s}": "i32", f"k2_{s}": "i32", f"codes_{s}": "*u8", f"scales_{s}": "*u8"} | ts | {f"i{s}_r": "i32",
-                                                                                      f"i{s}_k": "i32"}
+        return ({f"k1_{s}": "i32", f"k2_{s}": "i32", f"step_{s}": "*i64", f"codes_{s}": "*u8", f"scales_{s}": "*u8"}
+                | ts | {f"i{s}_r": "i32", f"i{s}_k": "i32"})
 
-    flags = {"RHT_A": True, "SR_A": True, "RHT_B": True, "SR_B": True}
+    flags = {"RHT_A": True, "SR_A": True, "HASH_A": 1, "RHT_B": True, "SR_B": True, "HASH_B": 1}
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32"}
     mx = {k: v for k, v in mx.items() if k != "SR"}
-    # as a launch on a row-major bf16 gradient specializes the kernel: SR both ways (RHT on NVFP4's columnwise copy)
-    gradient = {"s_k": 1, "ia_k": 1, "ib_r": 1, "RHT_A": False, "SR_A": True, "SR_B": True}
+    # as the graph's launch on a row-major bf16 gradient specializes the kernel: SR both ways, the steps read on the
+    # device (RHT on NVFP4's columnwise copy)
+    gradient = {"s_k": 1, "ia_k": 1, "ib_r": 1, "RHT_A": False, "SR_A": True, "HASH_A": 2, "SR_B": True, "HASH_B": 2}
     out = []
     for fmt, kernel, sig, extra, configs in (
             ("nvfp4", qd._nvfp4_dual_kernel, head | side("a", True) | side("b", True), {}, qd.NVFP4_CONFIGS),
@@ -215,8 +216,8 @@ def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, di
                 out.append((f"quantize_dual_amax_{tag}", qd._amax2_kernel.fn, amax, tile | {"RHT_A": True,
                                                                                            "RHT_B": True}, opts))
     # the rowwise kernel the one-read kernel's launch replaces, beside the column slice kernel (column_kernels)
-    rows = QUANT_POINTERS | SIZES | {"x_ptr": "*bf16"}
-    rows_sr = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": False, "SR": True, "HASH": 1, "s_k": 1, "r_k": 1}
+    rows = QUANT_POINTERS | SIZES | {"x_ptr": "*bf16", "rand_ptr": "*i64"}
+    rows_sr = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": False, "SR": True, "HASH": 2, "s_k": 1, "r_k": 1}
     return out + [("rows_sr_launch_nvfp4", qt._nvfp4_kernel.fn, rows | {"amax_ptr": "*i32", "ts_ptr": "*fp32"},
                    rows_sr | {"TILE2D": False}, {LAUNCH_ALIGNED: True}),
                   ("rows_sr_launch_mxfp8", qt._mxfp8_kernel.fn, rows, mx | rows_sr, {LAUNCH_ALIGNED: True})]

@@ -260,6 +260,21 @@ def test_every_dual_tile_matches_reference(monkeypatch, fmt, config):
     assert_same(cols, _reference_copy(x, fmt, 0, sides[1]))
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_dual_quantizer_reads_a_step_streams_step_on_the_device(monkeypatch, fmt):
+    """Copies whose streams are ``StepStream``s (as the graph's op passes them) hash the bits of the streams at
+    their steps, each copy's own, with the steps read by the kernel: the host never reads them."""
+    steps = [torch.tensor(s, device=DEVICE) for s in (2**32 - 3, 5)]
+    x = edge_tensor(96, 160)
+    sides = (Side(StepStream(3, steps[0])), Side(StepStream(4, steps[1]), rht=True, transposed_source=True))
+    monkeypatch.setattr(StepStream, "__int__", lambda self: pytest.fail("the step was read on the host"))
+    rows, cols = quantize_dual_triton(x.to(DEVICE), get_format(fmt), *sides)
+    monkeypatch.undo()
+    ints = (Side(sr_stream(3, 2**32 - 3)), Side(sr_stream(4, 5), rht=True, transposed_source=True))
+    assert_same(rows, _reference_copy(x, fmt, 1, ints[0]))
+    assert_same(cols, _reference_copy(x, fmt, 0, ints[1]))
+
+
 def test_dual_quantizer_names_what_it_cannot_take():
     assert "multiple of 32" in dual_problem(torch.zeros(48, 64), get_format("mxfp8"))
     assert dual_problem(torch.zeros(48, 64), get_format("nvfp4")) is None
