@@ -96,37 +96,41 @@ def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
                                                                 "tensor_core_grouped_wgrad_inplace_bf16": True}
 
 
+def measured_caps(report_scope: str) -> tuple[int, ...]:
+    """The targets the report compiles every quantizer entry for (the quick one: sm_100 only each kernel's first)."""
+    return (90, 100) if report_scope == "full" else (90,)
+
+
 def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report, report_scope):
     """Every quantizer compiled with SR hashes its bits in the kernel (but the ones given loaded bits), at each
-    autotuned tile (the quick report: the first), for both targets."""
+    autotuned tile (the quick report: the first)."""
     def tiles(configs) -> int:
         return len(script.tiles(configs, report_scope == "full"))
 
-    quant = [r for r in ptx_report if r["kernel"].startswith(("quantize_nvfp4", "quantize_mxfp8"))]
-    assert len(quant) == 2 * (4 + 2 * (tiles(QUANT_CONFIGS) - 1) + 4)  # + the four launch-specialized row kernels
-    assert all(r["sr_hash"] == ("_hashed" in r["kernel"]) for r in quant)
-    dual = [r for r in ptx_report if r["kernel"].startswith(("quantize_dual_nvfp4", "quantize_dual_mxfp8",
-                                                             "dual_launch"))]
-    assert len(dual) == 2 * 2 * (tiles(qd.NVFP4_CONFIGS) + tiles(qd.MXFP8_CONFIGS)) and all(r["sr_hash"] for r in dual)
-    grouped = [r for r in ptx_report if r["kernel"].startswith(("grouped_quantize_nvfp4", "grouped_quantize_mxfp8"))]
-    assert len(grouped) == 2 * 2 * (tiles(qg.NVFP4_CONFIGS) + 1)  # the tiles at 64 groups, the first at 256
-    assert all(r["sr_hash"] for r in grouped)
-    batched = [r for r in ptx_report if r["kernel"].startswith(("batch_quantize_nvfp4", "batch_quantize_mxfp8"))]
-    assert len(batched) == 2 * 2 * tiles(qg.NVFP4_CONFIGS) and all(r["sr_hash"] for r in batched)
-    k_groups = [r for r in ptx_report if r["kernel"].startswith(("k_groups_quantize_nvfp4", "k_groups_quantize_mxfp8"))]
-    assert len(k_groups) == 2 * (tiles(qg.NVFP4_CONFIGS) + tiles(qg.MXFP8_CONFIGS))
-    assert all(r["sr_hash"] for r in k_groups)
-    k_slices = [r for r in ptx_report if r["kernel"].startswith(("k_groups_cols_quantize_nvfp4",
-                                                                 "k_groups_cols_quantize_mxfp8"))]
-    assert len(k_slices) == 2 * (tiles(qc.NVFP4_CONFIGS) + tiles(qc.MXFP8_CONFIGS))
-    assert all(r["sr_hash"] for r in k_slices)
+    def on_sm90(*prefixes: str, hashed=lambda name: True) -> int:
+        """How many of the kernels named ``prefixes...`` are compiled for sm_90, checking each one's SR hash."""
+        found = [r for r in ptx_report if r["kernel"].startswith(prefixes)]
+        assert found and all(r["sr_hash"] == hashed(r["kernel"]) for r in found), found
+        return sum(r["cap"] == 90 for r in found)
+
+    # SR bits loaded or hashed, and the four launch-specialized row kernels (round to nearest)
+    assert on_sm90("quantize_nvfp4", "quantize_mxfp8", hashed=lambda name: "_hashed" in name) == 8 + 2 * (
+        tiles(QUANT_CONFIGS) - 1)
+    assert on_sm90("quantize_dual_nvfp4", "quantize_dual_mxfp8", "dual_launch") == 2 * (
+        tiles(qd.NVFP4_CONFIGS) + tiles(qd.MXFP8_CONFIGS))
+    assert on_sm90("grouped_quantize_nvfp4", "grouped_quantize_mxfp8") == 2 * (tiles(qg.NVFP4_CONFIGS) + 1)
+    assert on_sm90("batch_quantize_nvfp4", "batch_quantize_mxfp8") == 2 * tiles(qg.NVFP4_CONFIGS)
+    assert on_sm90("k_groups_quantize_nvfp4", "k_groups_quantize_mxfp8") == tiles(qg.NVFP4_CONFIGS) + tiles(
+        qg.MXFP8_CONFIGS)
+    assert on_sm90("k_groups_cols_quantize_nvfp4", "k_groups_cols_quantize_mxfp8") == tiles(
+        qc.NVFP4_CONFIGS) + tiles(qc.MXFP8_CONFIGS)
 
 
-def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report):
+def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report, report_scope):
     """Compiled as Triton specializes a launch on a row-major bf16 tensor (aligned, unit stride), the row
     quantizers read 16 bytes per load."""
-    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, two targets
-    assert len(launched) == 8 and all(r["vector_loads"] for r in launched), launched
+    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, each target
+    assert len(launched) == 4 * len(measured_caps(report_scope)) and all(r["vector_loads"] for r in launched)
 
 
 def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_scope):
@@ -134,7 +138,7 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
     NVFP4 with SR and RHT, MXFP8 with SR): the slice kernels, at every tile they tune over (the quick report: the
     first), take at most half the SASS instructions per element of the tile kernel on the same launch (NVFP4 about
     a third), and hash their SR bits; their RHT amax pass takes under half the tile amax pass's."""
-    for cap in (90, 100):
+    for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
             tile = rows[f"tile_cols_quantize_{fmt}_launch"]
@@ -151,7 +155,7 @@ def test_ptx_sm90_and_sm100_one_read_quantizer_costs_no_more_than_the_two_kernel
     compiles it: at every tile it tunes over (the quick report: the first), both copies take at most the SASS
     instructions per element of the rowwise kernel and the column slice kernel together, so the read it saves
     is not paid for in instructions."""
-    for cap in (90, 100):
+    for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs, cols in (("nvfp4", qd.NVFP4_CONFIGS, qc.NVFP4_CONFIGS),
                                    ("mxfp8", qd.MXFP8_CONFIGS, qc.MXFP8_CONFIGS)):
@@ -179,7 +183,7 @@ def test_ptx_cubin_fits_registers_and_shared_memory(ptx_report):
 
 def test_ptx_report_compiles_every_kernel_autoprec_launches():
     """Each Triton kernel a module of autoprec.kernels launches (``name[grid](...)`` in its source) is one
-    ``ptx_report``'s quick report compiles, so a new kernel cannot miss the tests above."""
+    ``ptx_report``'s quick report compiles for sm_90 and for sm_100, so a new kernel cannot miss the tests above."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import KernelInterface
 
@@ -188,7 +192,7 @@ def test_ptx_report_compiles_every_kernel_autoprec_launches():
     def unwrapped(kernel):
         return kernel.fn if isinstance(kernel, Autotuner) else kernel
 
-    compiled = {id(unwrapped(kernel)) for _, kernel, *_ in script.kernels(full=False)}
+    compiled = {(id(unwrapped(kernel)), cap) for (_, kernel, *_), cap in script.jobs(full=False)}
     launched = {}
     for path in sorted(Path(autoprec.kernels.__file__).parent.glob("*.py")):
         module = importlib.import_module(f"autoprec.kernels.{path.stem}")
@@ -196,7 +200,8 @@ def test_ptx_report_compiles_every_kernel_autoprec_launches():
             if isinstance(getattr(module, name, None), KernelInterface):
                 launched[f"{path.stem}.{name}"] = id(unwrapped(getattr(module, name)))
     assert len(launched) >= 20, launched
-    assert [name for name, kernel in launched.items() if kernel not in compiled] == []
+    missing = [(name, cap) for name, kernel in launched.items() for cap in (90, 100) if (kernel, cap) not in compiled]
+    assert missing == []
 
 
 def mx_operand(fmt: str, exponent: int):
