@@ -1,8 +1,9 @@
 """Every GPU kernel compiled for sm_90 and sm_100 on this CPU machine: the tensor-core GEMM's PTX uses
 tensor-core MMA, and every cubin (the decode and epilogue kernels of the decoded + cuBLAS path too) fits the
 parts' registers and shared memory. The default run checks the quick report (each autotuned quantizer at its
-first tile); the slow run, the full one (every tile). The GEMM's bf16 decode is exact or it hands over to the fp32
-kernel. (Numerics against the reference: test_triton_scaled_mm.py.)"""
+first tile, for sm_100 each kernel once); the slow run, the full one (every tile and launch for both). The GEMM's
+bf16 decode is exact or it hands over to the fp32 kernel. (Numerics against the reference:
+test_triton_scaled_mm.py.)"""
 import importlib
 import json
 import os
@@ -32,7 +33,8 @@ SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 
 @pytest.fixture(scope="module", params=["quick", pytest.param("full", marks=pytest.mark.slow)])
 def report_scope(request) -> str:
-    """Which report: the quick one (each autotuned quantizer at its first tile), or the full one (slow)."""
+    """Which report: the quick one (each autotuned quantizer at its first tile, for sm_100 each kernel once), or
+    the full one (slow)."""
     return request.param
 
 
