@@ -124,7 +124,7 @@ def slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, j: tl.constexpr, HASH: 
 
 
 @triton.jit
-def _tile(pid_r, pid_k, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+def tile_blocks(pid_r, pid_k, W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
     """(rows, the blocks' first columns) of tile (``pid_r``, ``pid_k``) of BR x BK, in W-element blocks."""
     return pid_r * BR + tl.arange(0, BR), pid_k * BK + tl.arange(0, BK // W) * W
 
@@ -213,7 +213,7 @@ def nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, ama
                       r_k, pid_r, pid_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
                       HASH: tl.constexpr):
     """``quantize_triton.nvfp4_tile`` in slices: tile (``pid_r``, ``pid_k``) of the (R, K) view, the same bytes."""
-    rows, c0 = _tile(pid_r, pid_k, 16, BR, BK)
+    rows, c0 = tile_blocks(pid_r, pid_k, 16, BR, BK)
     ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, RHT)
     a, b, idx = _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR, HASH)
     nvfp4_store_slices(ys, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, a, b, idx, r_k, rows, R, c0, K,
@@ -236,7 +236,7 @@ def mxfp8_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, 
                       MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
                       SR: tl.constexpr, HASH: tl.constexpr):
     """``quantize_triton.mxfp8_tile`` in slices: tile (``pid_r``, ``pid_k``) of the (R, K) view, the same bytes."""
-    rows, c0 = _tile(pid_r, pid_k, 32, BR, BK)
+    rows, c0 = tile_blocks(pid_r, pid_k, 32, BR, BK)
     ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 32, RHT)
     a, b, idx = _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR, HASH)
     mxfp8_store_slices(ys, rand_ptr, a, b, idx, r_k, rows, R, c0, K, c0, K, codes_ptr, scales_ptr, EBITS, MBITS, BIAS,
@@ -246,7 +246,7 @@ def mxfp8_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, 
 @triton.jit
 def slices_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """``quantize_triton.tile_amax`` in slices: max|x| over the finite values of tile (``pid_r``, ``pid_k``)."""
-    rows, c0 = _tile(pid_r, pid_k, 16, BR, BK)
+    rows, c0 = tile_blocks(pid_r, pid_k, 16, BR, BK)
     return tl.max(tl.max(finite_amax(load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, RHT)), 1), 0)
 
 
@@ -256,8 +256,7 @@ def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constex
     n_k = tl.cdiv(K, BK)
     amax = tl.zeros((BR, BK // 16), tl.float32)
     for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
-        rows = (t // n_k) * BR + tl.arange(0, BR)
-        c0 = (t % n_k) * BK + tl.arange(0, BK // 16) * 16
+        rows, c0 = tile_blocks(t // n_k, t % n_k, 16, BR, BK)
         amax = tl.maximum(amax, finite_amax(load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, True)))
     atomic_max_bits(amax_ptr, tl.max(tl.max(amax, 1), 0))
 

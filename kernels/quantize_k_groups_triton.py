@@ -124,8 +124,7 @@ def _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP: t
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """``_group_tile`` in W slices (``quantize_cols_triton.load_slices``): (rows, the padded columns of the tile's
     blocks, g, the group's token count, the blocks' first columns within the group, the slices)."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    out_c0 = tl.program_id(1) * BK + tl.arange(0, BK // W) * W
+    rows, out_c0 = qc.tile_blocks(tl.program_id(0), tl.program_id(1), W, BR, BK)
     g, start, n, first_col = _k_group(offs_ptr, pad_ends_ptr, tl.program_id(1) * BK, T, E, EP)
     c0 = out_c0 - first_col
     ys = qc.load_slices(x_ptr + tl.cast(start, tl.int64) * s_k, m_ptr, rows, c0, R, n, s_r, s_k, W, RHT)

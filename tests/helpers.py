@@ -117,6 +117,21 @@ def force_tile(monkeypatch, kernels, config) -> None:
         monkeypatch.setattr(kernel, "cache", {})
 
 
+def one_read_tile_cases() -> list[tuple[str, object]]:
+    """(format, config) of every tile the one-read quantizers tune over."""
+    from autoprec.kernels import quantize_dual_triton as qd
+
+    return [("nvfp4", c) for c in qd.NVFP4_CONFIGS] + [("mxfp8", c) for c in qd.MXFP8_CONFIGS]
+
+
+def force_one_read_tile(monkeypatch, fmt: str, config) -> None:
+    """``force_tile`` for the one-read kernels ``fmt`` runs (NVFP4: its amax pass too)."""
+    from autoprec.kernels import quantize_dual_triton as qd
+
+    nvfp4 = (qd._amax2_kernel, qd._nvfp4_dual_kernel)
+    force_tile(monkeypatch, nvfp4 if fmt == "nvfp4" else (qd._mxfp8_dual_kernel,), config)
+
+
 def record_calls(monkeypatch, module, name: str, calls: list) -> None:
     """Replace ``module.name`` by a wrapper that appends ``(name, args)`` to ``calls``, then runs it."""
     real = getattr(module, name)

@@ -8,13 +8,12 @@ import torch
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch
 from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
-from helpers import assert_same, edge_tensor, force_tile, mismatch, tile_id
+from helpers import assert_same, edge_tensor, force_one_read_tile, force_tile, mismatch, one_read_tile_cases, tile_id
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEED = sr_stream(5, 11)
@@ -107,7 +106,7 @@ ONE_READ_DATA = {"edge": lambda: edge_tensor(1024, 768),
                  "randn": lambda: torch.randn(1024, 768, generator=torch.Generator().manual_seed(1))}
 
 
-ONE_READ_TILE_CASES = [("nvfp4", c) for c in qd.NVFP4_CONFIGS] + [("mxfp8", c) for c in qd.MXFP8_CONFIGS]
+ONE_READ_TILE_CASES = one_read_tile_cases()
 
 
 @pytest.mark.parametrize("data", list(ONE_READ_DATA))
@@ -117,8 +116,7 @@ def test_gpu_one_read_kernel_equals_two_references(monkeypatch, fmt, config, pai
     """The one-read kernel (dispatch runs two single quantizers on a GPU until this passes there) at each tile,
     for a gradient's pair and each part of it alone: bytes and fields of both copies as two quantizations make
     them, and how many bytes differ where they do not."""
-    force_tile(monkeypatch, (qd._amax2_kernel, qd._nvfp4_dual_kernel) if fmt == "nvfp4" else (qd._mxfp8_dual_kernel,),
-               config)
+    force_one_read_tile(monkeypatch, fmt, config)
     x = ONE_READ_DATA[data]().bfloat16()
     copies = ONE_READ_PAIRS[pair]
     kernel = quantize_dual_triton(x.cuda(), get_format(fmt), *copies)

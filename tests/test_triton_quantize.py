@@ -2,13 +2,20 @@
 import pytest
 import torch
 
-from helpers import assert_same, edge_tensor, force_tile, record_calls, tile_id
+from helpers import (
+    assert_same,
+    edge_tensor,
+    force_one_read_tile,
+    force_tile,
+    one_read_tile_cases,
+    record_calls,
+    tile_id,
+)
 
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels import quantize_dual_triton as qd
 from autoprec.kernels import quantize_ref, rht_ref, rht_signs
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.dispatch import dual_problem
@@ -244,15 +251,14 @@ def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
     assert_same(cols, _reference_copy(x, fmt, 0, sides[1]))
 
 
-DUAL_TILE_CASES = [("nvfp4", c) for c in qd.NVFP4_CONFIGS] + [("mxfp8", c) for c in qd.MXFP8_CONFIGS]
+DUAL_TILE_CASES = one_read_tile_cases()
 
 
 @pytest.mark.parametrize("fmt,config", DUAL_TILE_CASES, ids=[f"{f}-{tile_id(c)}" for f, c in DUAL_TILE_CASES])
 def test_every_dual_tile_matches_reference(monkeypatch, fmt, config):
     """Each tile a GPU may pick for the one-read kernels (the interpreter runs the first alone), tiles overhanging
     the tensor: both copies of a gradient (SR both ways, RHT and a transposed source on the columnwise one)."""
-    force_tile(monkeypatch, (qd._amax2_kernel, qd._nvfp4_dual_kernel) if fmt == "nvfp4" else (qd._mxfp8_dual_kernel,),
-               config)
+    force_one_read_tile(monkeypatch, fmt, config)
     sides = (Side(seed=sr_stream(3, 9)), Side(seed=sr_stream(4, 9), rht=True, transposed_source=True))
     x = edge_tensor(96, 160)
     rows, cols = quantize_dual_triton(x.to(DEVICE), get_format(fmt), *sides)
