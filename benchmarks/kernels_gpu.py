@@ -74,6 +74,8 @@ def main() -> None:
         return
     from autoprec.formats import get_format
     from autoprec.kernels import quantize
+    from autoprec.kernels import quantize_cols_triton as qc
+    from autoprec.kernels import quantize_dual_triton as qd
     from autoprec.kernels import quantize_triton as qt
     from autoprec.kernels.dispatch import quantize_dual
     from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
@@ -107,8 +109,9 @@ def main() -> None:
         written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())
         ms = rig.bench(fn)
         gbs = (x.nbytes + written) / ms / 1e6
-        kernel = qt._nvfp4_kernel if name.startswith("nvfp4") else qt._mxfp8_kernel
-        tile = kernel.best_config if "both" not in name and "one read" not in name else None  # this case's
+        fmt = "nvfp4" if name.startswith("nvfp4") else "mxfp8"  # the autotuned kernel this case launched
+        module, kind = (qd, "_dual") if "one read" in name else (qc, "_cols") if "cols" in name else (qt, "")
+        tile = None if "both" in name else getattr(module, f"_{fmt}{kind}_kernel").best_config  # both: two kernels
         chosen = f"  {tile.kwargs['BR']}x{tile.kwargs['BK']}/{tile.num_warps}" if tile is not None else ""
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%{chosen}")
 

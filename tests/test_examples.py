@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from autoprec.kernels.quantize_cols_triton import INTERPRETER_TILE
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -95,6 +97,10 @@ def test_gpu_benchmark_dry_run_prints_every_section_and_row():
     assert {"nvfp4 cols sr + rht", "mxfp8 one read, activation", "autoprec nvfp4 (tensor_core)", "+ quantize x, w",
             "decoded + Triton GEMM", "nvfp4 dec 128x128x64 w8 s3", "nvfp4 + quantize, per group", "+ quantize q, k",
             "nvfp4 weights, batched"} <= set(rows)
+    chosen = dict(re.findall(r"^(\S.*?)\s+\d+\.\d{3}\s+\d+\s+\d+%  (\d+x\d+/\d+)$", out, re.M))
+    slices = "{BR}x{BK}/".format(**INTERPRETER_TILE.kwargs) + str(INTERPRETER_TILE.num_warps)
+    assert chosen["nvfp4 cols sr + rht"] == chosen["mxfp8 cols"] == slices, chosen  # the slice kernels' choice
+    assert "nvfp4 both, activation" not in chosen and chosen["nvfp4 rows"] != slices, chosen
 
 
 @pytest.mark.slow
