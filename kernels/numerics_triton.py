@@ -41,14 +41,14 @@ def _rounded_significand(x, rand, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX: 
     if SR:
         lo = tl.floor(s)
         u = (rand & 0xFFFFFF).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
-        r = lo + tl.where(u < s - lo, 1.0, 0.0)
+        r = lo + tl.where(u < s - lo, 1.0, 0.0)  # FMA-safe: s = a·2**k is exact
         if AS_INT:
             r = r.to(tl.int32)
     else:
         if AS_INT:
-            r = (s + MAGIC_RNE).to(tl.int32, bitcast=True) - 0x4B000000
+            r = (s + MAGIC_RNE).to(tl.int32, bitcast=True) - 0x4B000000  # FMA-safe: s is exact
         else:
-            r = (s + MAGIC_RNE) - MAGIC_RNE
+            r = (s + MAGIC_RNE) - MAGIC_RNE  # FMA-safe: s is exact
     return bits, f, r
 
 

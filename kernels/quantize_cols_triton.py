@@ -84,9 +84,9 @@ def rht16(xs, m_ptr, g: tl.constexpr):
         acc = tl.zeros_like(us[0])
         for j in tl.static_range(16):
             if ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1 == 0:
-                acc = acc + us[j]
+                acc = acc + us[j]  # FMA-safe: us[j] = ±x_j
             else:
-                acc = acc - us[j]
+                acc = acc - us[j]  # FMA-safe: us[j] = ±x_j
         ys = ys + (acc * 0.25,)
     return ys
 

@@ -91,7 +91,7 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
             xj = tl.load(x_ptr + r64[:, None] * s_r + cols.to(tl.int64)[None, :] * s_k, mask=mask,
                          other=0.0).to(tl.float32)
             mj = tl.load(m_ptr + j) * hadamard_signs(j & j16)  # column j of H16·diag(signs)
-            y = y + xj[:, :, None] * mj[None, None, :]
+            y = y + xj[:, :, None] * mj[None, None, :]  # FMA-safe: mj is ±1
         return y * 0.25
     cols = col0 + nb[:, None] * 16 + j16[None, :]
     mask = rmask[:, None, None] & (cols < K)[None, :, :]

@@ -346,6 +346,19 @@ def sass_instructions(cubin: bytes) -> int:
 LAUNCH_ALIGNED = "aligned"  # a launch option of this report: compile as Triton specializes a launch (see below)
 
 
+def fma_lines(ptx: str) -> list[str]:
+    """The source lines (``file.py:line``, from the PTX's ``.loc`` records) of the PTX's fp32 fused multiply-adds:
+    an FMA rounds once where the source's multiply then add round twice, unless the product is exact."""
+    files = dict(re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M))
+    lines, loc = set(), "?:0"
+    for line in ptx.splitlines():
+        if m := re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", line):
+            loc = f"{os.path.basename(files.get(m.group(1), '?'))}:{m.group(2)}"
+        elif re.match(r"\s*(@!?%p\d+\s+)?fma\.rn(\.ftz)?\.f32\b", line):
+            lines.add(loc)
+    return sorted(lines)
+
+
 def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: int) -> dict:
     """Compile one kernel for sm_``cap``. With ``options[LAUNCH_ALIGNED]``, every pointer is declared 16-byte
     aligned and every size and stride a multiple of 16, as Triton declares a launch's arguments that are (the
@@ -363,6 +376,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "mma_sync": "mma.sync" in ptx,  # the warp-level tensor-core MMA (sm_80 to sm_120)
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "vector_loads": "ld.global.v4" in ptx, "instructions": sass_instructions(k.asm["cubin"]),
+            "fma_lines": fma_lines(ptx),
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
 
 

@@ -169,6 +169,21 @@ def test_ptx_sm90_and_sm100_one_read_quantizer_costs_no_more_than_the_two_kernel
                 assert one["vector_loads"] and per_element(one) <= two, (one, two)
 
 
+def test_ptx_sm90_and_sm100_quantizers_fuse_only_exact_products(ptx_report):
+    """The bit-exact kernels (those tiled BR x BK: quantizers, amax passes, decodes; not the GEMMs and their
+    epilogue, whose tolerance is the accumulation order's) round like the references under FP fusion (Triton
+    3.9's default): every fp32 FMA in their PTX comes from a source line marked ``FMA-safe``, whose product is
+    exact (x·2**k, ±x), so its one rounding equals the multiply's and the add's."""
+    kernels_dir = Path(qc.__file__).parent
+    exact = [r for r in ptx_report if "per_thread" in r]
+    assert len(exact) >= 20 and any(r["fma_lines"] for r in exact)
+    for r in exact:
+        for where in r["fma_lines"]:
+            file, line = where.split(":")
+            source = (kernels_dir / file).read_text().splitlines()[int(line) - 1] if file.endswith(".py") else ""
+            assert "# FMA-safe" in source, (r["kernel"], r["cap"], where, source)
+
+
 def per_element(report: dict) -> float:
     return report["instructions"] / report["per_thread"]
 
