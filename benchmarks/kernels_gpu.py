@@ -294,7 +294,8 @@ def batched(rig: Rig, peak: float) -> None:
 
 def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
     """An experts fprop's operands quantized by the grouped quantizers (every group in one pass, offsets read on
-    the device) against one quantization per group, in GB/s against HBM peak."""
+    the device) against one quantization per group, in GB/s against HBM peak; expert weights (E, K, N) as they lie,
+    blocked down their strided K (MXFP8 and NVFP4's 1x16 blocks: the slice kernels; NVFP4's 16x16: tiles)."""
     from autoprec.kernels.dispatch import quantize
     from autoprec.kernels.grouped_dispatch import quantize_batches, quantize_row_groups
     from autoprec.kernels.random_bits import group_seed, sr_stream
@@ -316,6 +317,8 @@ def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
             (f"{fmt} weights, per expert", w, lambda f=fmt: [quantize(w[e], f, 0, tile2d=tile2d)
                                                              for e in range(experts)]),
         ]
+        if tile2d:  # NVFP4's 1x16 blocks too: the slice kernels (weights as they lie, K strided)
+            cases.append(("nvfp4 weights 1x16, batched", w, lambda: quantize_batches(w, "nvfp4")))
         for name, src, fn in cases:
             out = fn()
             written = sum(q.codes.nbytes + q.scales.nbytes for q in (out if isinstance(out, list) else [out]))

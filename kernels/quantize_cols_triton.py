@@ -251,14 +251,26 @@ def slices_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK
 
 
 @triton.jit
-def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr):
-    """``_amax_kernel`` with the RHT along a strided K, in slices: max|RHT(x)| over the finite values."""
+def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr, BK: tl.constexpr):
+    """``_amax_kernel`` with the RHT along a strided K, in slices: max|RHT(x)| over the finite values of batch item
+    ``program_id(1)`` (``s_b`` elements apart) into ``amax_ptr[item]``."""
+    item = tl.program_id(1)
+    x_ptr += item.to(tl.int64) * s_b
     n_k = tl.cdiv(K, BK)
     amax = tl.zeros((BR, BK // 16), tl.float32)
     for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
         rows, c0 = tile_blocks(t // n_k, t % n_k, 16, BR, BK)
         amax = tl.maximum(amax, finite_amax(load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, True)))
-    atomic_max_bits(amax_ptr, tl.max(tl.max(amax, 1), 0))
+    atomic_max_bits(amax_ptr + item, tl.max(tl.max(amax, 1), 0))
+
+
+def rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
+             strides: tuple[int, int], s_b: int = 0) -> None:
+    """Launch ``_amax_rht_cols_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch
+    items of ``x``, ``s_b`` apart: each item's max|RHT(x)| bits into its int32 ``amax`` cell (zeroed)."""
+    tiles = cdiv(shape[0], AMAX_CONFIG["BR"]) * cdiv(shape[1], AMAX_CONFIG["BK"])
+    _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b,
+                                                                      **AMAX_CONFIG)
 
 
 @triton.jit
@@ -282,8 +294,7 @@ def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_stride
         return
     if flags["RHT"]:
         amax = torch.zeros((), device=m.device, dtype=torch.int32)
-        tiles = cdiv(m.shape[0], AMAX_CONFIG["BR"]) * cdiv(m.shape[1], AMAX_CONFIG["BK"])
-        _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, *m.shape, *m.stride(), **AMAX_CONFIG)
+        rht_amax(m, mt, amax, m.shape, m.stride())
     else:
         amax = nvfp4_amax(m, mt, False)
     _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, **flags)

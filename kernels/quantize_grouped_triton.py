@@ -6,7 +6,9 @@ bits from the group's stream ``sr_stream(group_seed(seed, g), step)`` indexed wi
   ``offs``, which the kernels read on the device; rows past the last offset are quantized as one more group,
   which no product reads.
 - Expert weights (``quantize_batches_triton``): each item of a 3D (E, K, N) tensor blocked along K, the grid's
-  third axis, read in place through its strides.
+  third axis, read in place through its strides. Blocks down a strided K (the weights as they lie) take slice
+  kernels built from ``quantize_cols_triton``'s pieces, each thread holding whole blocks; a unit-stride K, or
+  NVFP4's 16x16 tiles, the tile kernels.
 
 Either may quantize its operand as if zero-padded along K to whole blocks (``k_padded``: loads masked at the
 stored K, codes laid out for the padded one), as a group alone is padded, with no padded copy.
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import tensor_scales
 from autoprec.kernels.launch import cdiv
@@ -38,6 +41,7 @@ from autoprec.kernels.quantize_triton import (
     _rht_operand,
     int32_arg,
     mxfp8_encode_store,
+    mxfp8_meta,
     nvfp4_encode_store,
 )
 from autoprec.kernels.random_bits import M32
@@ -218,6 +222,47 @@ def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K,
                        tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
 
 
+@triton.jit
+def _batch_slices(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r, s_k, s_b, r_r, r_k, c_b, sc_b,
+                  W: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
+    """``_batch_item`` for the slice kernels (``quantize_cols_triton``): (item, its codes and scales pointers, its
+    stream's keys, the SR indices of the blocks' first elements, rows, the blocks' first columns, the W slices of
+    tile (program ids 0, 1), K from KL on zeros)."""
+    item, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b,
+                                                           sc_b, SR)
+    rows, c0 = qc.tile_blocks(tl.program_id(0), tl.program_id(1), W, BR, BK)
+    ys = qc.load_slices(x_ptr, m_ptr, rows, c0, R, KL, s_r, s_k, W, RHT)
+    idx = rows.to(tl.int64)[:, None] * r_r + c0.to(tl.int64)[None, :] * r_k
+    return item, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys
+
+
+@autotune(qc.tiles(qc.NVFP4_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _nvfp4_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k,
+                             s_b, r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
+                             SR: tl.constexpr):
+    """``_nvfp4_batch_kernel`` for items blocked down a strided dim (an (E, K, N) weight as it lies), in slices."""
+    item, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys = _batch_slices(
+        x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r, s_k, s_b, r_r, r_k, c_b, sc_b, 16, BR, BK,
+        RHT, SR)
+    qc.nvfp4_store_slices(ys, amax_ptr, item, ts_ptr + item, tl.program_id(0) == 0 and tl.program_id(1) == 0, x_ptr,
+                          a, b, idx, r_k, rows, R, c0, KL, c0, K, codes_ptr, scales_ptr, SR, 1, False)
+
+
+@autotune(qc.tiles(qc.MXFP8_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@triton.jit(do_not_specialize=KEY_ARGS[:1])
+def _mxfp8_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k,
+                             c_b, sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                             EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr,
+                             BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
+    """``_mxfp8_batch_kernel`` for items blocked down a strided dim, in slices."""
+    _, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys = _batch_slices(
+        x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r, s_k, s_b, r_r, r_k, c_b, sc_b, 32, BR, BK,
+        RHT, SR)
+    qc.mxfp8_store_slices(ys, x_ptr, a, b, idx, r_k, rows, R, c0, KL, c0, K, codes_ptr, scales_ptr, EBITS, MBITS, BIAS,
+                          EMAX, MAX, FLOOR, SR, 1)
+
+
 def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, step: torch.Tensor,
                             tile2d: bool = False, scale_mode: str = "rceil", rht: bool = False,
                             rht_signs_: torch.Tensor | None = None, sr_of_transpose: bool = False,
@@ -235,22 +280,30 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     r_r, r_k = (k, 1) if sr_of_transpose else (1, n)  # SR: x[e]ᵀ's indices, or x[e]'s
     view = dict(R=n, K=k, KL=k_loaded, s_r=x.stride(2), s_k=x.stride(1), s_b=x.stride(0), r_r=r_r, r_k=r_k)
     common = dict(RHT=rht, SR=seed is not None)
+    sliced = x.stride(1) != 1 and not tile2d  # blocks read down a strided dim: the slice kernels
     if fmt is NVFP4:
         amax = torch.zeros(items, device=x.device, dtype=torch.int32)
-        tiles = cdiv(n, AMAX_R) * cdiv(k_loaded, BLOCK_K)
-        _amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k_loaded, x.stride(2), x.stride(1),
-                                                         x.stride(0), BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        if sliced and rht:
+            qc.rht_amax(x, mt, amax, (n, k_loaded), (x.stride(2), x.stride(1)), x.stride(0))
+        else:
+            tiles = cdiv(n, AMAX_R) * cdiv(k_loaded, BLOCK_K)
+            _amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k_loaded, x.stride(2), x.stride(1),
+                                                             x.stride(0), BR=AMAX_R, BK=BLOCK_K, RHT=rht)
         codes = torch.empty(items, n, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty((items, n // 16, k // 16) if tile2d else (items, n, k // 16), device=x.device,
                              dtype=torch.uint8)
         s_dec = torch.empty(items, device=x.device, dtype=torch.float32)
-        _nvfp4_batch_kernel[grid](x, mt, step, key, codes, scales, amax, s_dec, **view, c_b=codes[0].numel(),
-                                  sc_b=scales[0].numel(), TILE2D=tile2d, **common)
+        args = (x, mt, step, key, codes, scales, amax, s_dec)
+        sizes = view | dict(c_b=codes[0].numel(), sc_b=scales[0].numel())
+        if sliced:
+            _nvfp4_batch_cols_kernel[grid](*args, **sizes, **common)
+        else:
+            _nvfp4_batch_kernel[grid](*args, **sizes, TILE2D=tile2d, **common)
         return codes, scales.view(torch.float8_e4m3fn), s_dec
     elem = fmt.elem
     codes = torch.empty(items, n, k, device=x.device, dtype=torch.uint8)
     scales = torch.empty(items, n, k // 32, device=x.device, dtype=torch.uint8)
-    _mxfp8_batch_kernel[grid](x, mt, step, key, codes, scales, **view, c_b=n * k, sc_b=n * (k // 32),
-                              EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
-                              FLOOR=scale_mode == "floor", **common)
+    kernel = _mxfp8_batch_cols_kernel if sliced else _mxfp8_batch_kernel
+    kernel[grid](x, mt, step, key, codes, scales, **view, c_b=n * k, sc_b=n * (k // 32), **mxfp8_meta(fmt, scale_mode),
+                 **common)
     return codes.view(elem.torch_dtype), scales, None

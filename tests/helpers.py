@@ -143,6 +143,13 @@ def record_calls(monkeypatch, module, name: str, calls: list) -> None:
     monkeypatch.setattr(module, name, run)
 
 
+def record_runs(monkeypatch, labelled, ran: list) -> None:
+    """Make each Triton kernel of ``labelled`` ((label, kernel) pairs) append its label to ``ran`` when it runs."""
+    for label, kernel in labelled:
+        monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _label=label, **kw: ran.append(_label) or
+                            _run(*a, **kw))
+
+
 def grouped_paths_on_stand_in_gpu(monkeypatch, capability: tuple[int, int], grads) -> list[str]:
     """Run ``grads()`` (a compiled step returning its gradients) on this CPU's reference kernels, then again on a
     stood-in GPU of this capability (dynamo reset between), assert the two steps' gradients close, and return the

@@ -177,10 +177,10 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
             out.append((f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
                         flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
-            "s_k": "i32"}
+            "s_k": "i32", "s_b": "i32"}
     out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.AMAX_CONFIG,
                 {LAUNCH_ALIGNED: True}))
-    out.append(("tile_cols_quantize_amax_rht_launch", qt._amax_kernel, amax | {"s_b": "i32"},
+    out.append(("tile_cols_quantize_amax_rht_launch", qt._amax_kernel, amax,
                 {"s_r": 1, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {LAUNCH_ALIGNED: True}))
     return out
 
@@ -225,7 +225,8 @@ def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, di
 
 def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """The grouped token quantizers (bf16 tokens, SR) at their autotuned tiles with up to 64 groups, at the first
-    with up to 256, the expert weight quantizers at their tiles, and both amax passes."""
+    with up to 256, the expert weight quantizers at their tiles, both amax passes, and for weights as they lie
+    (K strided) the slice kernels at their tiles beside the tile kernels, as a launch specializes them."""
     head = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "step_ptr": "*i64", "k1": "i32",
             "codes_ptr": "*u8", "scales_ptr": "*u8"}
     sizes = {"R": "i32", "K": "i32", "KL": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
@@ -250,6 +251,18 @@ def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
         out.append((f"batch_quantize_nvfp4_{tag}", qg._nvfp4_batch_kernel.fn,
                     batch | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | strides, tile | {"TILE2D": True}, opts))
         out.append((f"batch_quantize_mxfp8_{tag}", qg._mxfp8_batch_kernel.fn, batch | strides, tile | mx, opts))
+    launch = {"s_r": 1, "RHT": False, "SR": True}  # expert weights (E, K, N) as they lie, as a launch specializes them
+    nv_sig = batch | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | strides
+    out.append(("tile_batch_quantize_nvfp4_launch", qg._nvfp4_batch_kernel.fn, nv_sig,
+                launch | {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "TILE2D": False}, {LAUNCH_ALIGNED: True}))
+    out.append(("tile_batch_quantize_mxfp8_launch", qg._mxfp8_batch_kernel.fn, batch | strides,
+                launch | mx | {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K}, {LAUNCH_ALIGNED: True}))
+    for fmt, kernel, sig, configs, extra in (
+            ("nvfp4", qg._nvfp4_batch_cols_kernel, nv_sig, qc.NVFP4_CONFIGS, {}),
+            ("mxfp8", qg._mxfp8_batch_cols_kernel, batch | strides, qc.MXFP8_CONFIGS, mx)):
+        for cfg in tiles(configs, full):
+            out.append((f"batch_cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
+                        launch | extra | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     return out
 
 

@@ -4,12 +4,13 @@ GEMM, alone and in a compiled MoE block, runs through them."""
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor, force_tile, tile_id
+from helpers import bits_equal, edge_tensor, force_tile, record_runs, tile_id
 
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch, quantize_grouped_triton, quantize_ref, rht_ref
+from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
@@ -126,17 +127,28 @@ def test_grouped_quantizer_with_many_uneven_groups():
             assert bits_equal(ts[g].cpu(), ref.tensor_scale), g
 
 
+def batch_kernels() -> tuple:
+    """(label, kernel) of the batch quantizers: slices for items blocked down a strided dim, else tiles."""
+    q = quantize_grouped_triton
+    return (("slices", q._nvfp4_batch_cols_kernel), ("tiles", q._nvfp4_batch_kernel),
+            ("slices", q._mxfp8_batch_cols_kernel), ("tiles", q._mxfp8_batch_kernel))
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 @pytest.mark.parametrize("fmt,seed,tile2d", [("nvfp4", None, True), ("nvfp4", 7, False), ("mxfp8", 7, False),
                                              ("mxfp8_e5m2", None, False)])
-def test_batched_expert_quantizer_equals_each_expert_alone(fmt, seed, tile2d, layout):
+def test_batched_expert_quantizer_equals_each_expert_alone(monkeypatch, fmt, seed, tile2d, layout):
     """Expert weights (E, K, N) blocked along K, every expert in one launch (read in place, also as the transposed
-    view a dgrad passes), against each expert quantized alone: its own tensor scale and SR stream."""
+    view a dgrad passes), against each expert quantized alone: its own tensor scale and SR stream. As they lie, K
+    is the strided dim: the slice kernels (but for 16x16 tiles); the transposed view takes the tile kernels."""
     w = torch.stack([edge_tensor(64, 48, seed=e) * 1000.0 ** (e - 1) for e in range(3)])  # (3, K=64, N=48)
     if layout == "transposed":
         w = torch.stack([edge_tensor(48, 64, seed=e) * 1000.0 ** (e - 1) for e in range(3)]).transpose(1, 2)
+    ran = []
+    record_runs(monkeypatch, batch_kernels(), ran)
     codes, scales, ts = quantize_batches_triton(w.to(DEVICE), get_format(fmt), seed=seed,
                                                 step=torch.tensor(STEP, device=DEVICE), tile2d=tile2d)
+    assert ran == ["slices" if layout == "contiguous" and not tile2d else "tiles"]
     for e in range(3):
         rand = None if seed is None else sr_bits(w[e].shape, sr_stream(group_seed(seed, e), STEP))
         ref = quantize_ref(w[e], fmt, 0, rounding="rne" if seed is None else "sr", rand=rand, tile2d=tile2d)
@@ -187,25 +199,52 @@ def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
 
 @pytest.mark.parametrize("config", quantize_grouped_triton.NVFP4_CONFIGS, ids=tile_id)
 def test_every_grouped_tile_matches_reference(monkeypatch, config):
-    """Each tile a GPU may pick for the token-group and batch quantizers (the interpreter runs the first alone),
-    SR with RHT: token groups against each group alone, and batch items stored transposed whose K (40) the kernel
-    pads, against each item's zero-padded rows alone. On a GPU, MXFP8 only at the tiles it is tuned over."""
+    """Each tile a GPU may pick for the token-group and batch tile kernels (the interpreter runs the first alone),
+    SR with RHT: token groups against each group alone, and batch items (a view with unit stride along K, which
+    the tile kernels read) whose K (40) the kernel pads, against each item's zero-padded rows alone. On a GPU,
+    MXFP8 only at the tiles it is tuned over."""
     q = quantize_grouped_triton
     force_tile(monkeypatch, (q._nvfp4_grouped_kernel, q._mxfp8_grouped_kernel, q._nvfp4_batch_kernel,
                              q._mxfp8_batch_kernel), config)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")  # the Triton kernels, in the interpreter on a CPU
     mx_tuned = DEVICE == "cpu" or config in quantize_grouped_triton.MXFP8_CONFIGS
     x, offs = tokens(), torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
-    items = torch.stack([edge_tensor(48, 64, seed=e)[:, :40] * 1000.0 ** (e - 1) for e in range(3)])  # (E, M, K=40)
     for fmt in ("nvfp4", "mxfp8") if mx_tuned else ("nvfp4",):
         got = grouped_dispatch.quantize_row_groups(x.to(DEVICE), fmt, offs, rounding="sr", seed=3, step=STEP, rht=True)
         assert_each_group_alone(got.codes, got.scales, got.tensor_scales, x, fmt, 3, True)
-        stored = items.transpose(1, 2).contiguous().to(DEVICE)  # (E, K, M): unit stride along M, K read strided
-        got = grouped_dispatch.quantize_batches(stored, fmt, rounding="sr", seed=3, step=STEP, rht=True,
-                                                sr_of_transpose=True, pad_k=True)
-        padded = torch.nn.functional.pad(items, (0, -40 % get_format(fmt).block_size))  # each item's rows, padded
-        refs = reference_groups(padded.reshape(-1, padded.shape[-1]), fmt, 3, True, ends=[48, 96, 144])
-        for e, ref in enumerate(refs):
-            assert bits_equal(got.codes[e].cpu(), ref.codes) and bits_equal(got.scales[e].cpu(), ref.scales), (fmt, e)
+        check_padded_batch(monkeypatch, fmt, contiguous=False)
+
+
+BATCH_SLICE_TILES = [(fmt, c) for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS))
+                     for c in configs]
+
+
+@pytest.mark.parametrize("fmt,config", BATCH_SLICE_TILES, ids=[f"{f}-{tile_id(c)}" for f, c in BATCH_SLICE_TILES])
+def test_every_batch_slice_tile_matches_reference(monkeypatch, fmt, config):
+    """Batch items blocked down a strided dim (stored (E, K, M), unit stride along M) take the slice kernels: each
+    of their GPU tiles forced, SR with RHT (NVFP4's amax pass in slices too), K (40) padded in the kernel, against
+    each item's zero-padded rows alone."""
+    q = quantize_grouped_triton
+    force_tile(monkeypatch, (q._nvfp4_batch_cols_kernel, q._mxfp8_batch_cols_kernel), config)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    check_padded_batch(monkeypatch, fmt, contiguous=True)
+
+
+def check_padded_batch(monkeypatch, fmt: str, contiguous: bool) -> None:
+    """Three items x[e] (K=40, M=48), 1000x apart, stored (E, K, M) (``contiguous``: the slice kernels) or as the
+    transposed view of (E, M, K) (the tile kernels), quantized along K with SR keyed on xᵀ and RHT, K padded to
+    whole blocks: each item equals its zero-padded rows quantized alone."""
+    items = torch.stack([edge_tensor(48, 64, seed=e)[:, :40] * 1000.0 ** (e - 1) for e in range(3)])  # (E, M, K=40)
+    stored = items.transpose(1, 2).contiguous() if contiguous else items.transpose(1, 2)
+    ran = []
+    record_runs(monkeypatch, batch_kernels(), ran)
+    got = grouped_dispatch.quantize_batches(stored.to(DEVICE), fmt, rounding="sr", seed=3, step=STEP, rht=True,
+                                            sr_of_transpose=True, pad_k=True)
+    assert ran == ["slices" if contiguous else "tiles"]
+    padded = torch.nn.functional.pad(items, (0, -40 % get_format(fmt).block_size))  # each item's rows, padded
+    refs = reference_groups(padded.reshape(-1, padded.shape[-1]), fmt, 3, True, ends=[48, 96, 144])
+    for e, ref in enumerate(refs):
+        assert bits_equal(got.codes[e].cpu(), ref.codes) and bits_equal(got.scales[e].cpu(), ref.scales), (fmt, e)
 
 
 def test_compiled_moe_training_step_runs_the_grouped_quantizers(monkeypatch, fresh_dynamo):

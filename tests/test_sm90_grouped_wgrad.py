@@ -18,7 +18,7 @@ from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
-from helpers import bits_equal, edge_tensor, force_tile, tile_id
+from helpers import bits_equal, edge_tensor, force_tile, record_runs, tile_id
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,10 +80,10 @@ def test_transposed_operands_swap_tile_and_slice_kernels(monkeypatch, fmt):
     """A left operand (M, T) that is a transposed view reads its tokens down a strided dim (the slice kernels), a
     right one (T, N) that is one along the unit-stride dim (the tile kernels): each equals its groups alone."""
     ran = []
-    for label, kernel in (("slices", k_groups._nvfp4_k_groups_cols_kernel), ("tiles", k_groups._nvfp4_k_groups_kernel),
-                          ("slices", k_groups._mxfp8_k_groups_cols_kernel), ("tiles", k_groups._mxfp8_k_groups_kernel)):
-        monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _label=label, **kw: ran.append(_label) or
-                            _run(*a, **kw))
+    record_runs(monkeypatch, (("slices", k_groups._nvfp4_k_groups_cols_kernel),
+                              ("tiles", k_groups._nvfp4_k_groups_kernel),
+                              ("slices", k_groups._mxfp8_k_groups_cols_kernel),
+                              ("tiles", k_groups._mxfp8_k_groups_kernel)), ran)
     for axis in (1, 0):
         check_k_grouped(fmt, axis, 2**31 + 7, True, transposed=True)
     assert ran == ["slices", "tiles"]

@@ -137,16 +137,21 @@ def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_repor
 
 def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_scope):
     """Column copies as a launch compiles them (a row-major bf16 tensor blocked down its rows, the wgrad operands:
-    NVFP4 with SR and RHT, MXFP8 with SR): the slice kernels, at every tile they tune over (the quick report: the
-    first), take at most half the SASS instructions per element of the tile kernel on the same launch (NVFP4 about
-    a third), and hash their SR bits; their RHT amax pass takes under half the tile amax pass's."""
+    NVFP4 with SR and RHT, MXFP8 with SR), and expert weights (E, K, N) as they lie (SR): the slice kernels, at
+    every tile they tune over (the quick report: the first), take at most half the SASS instructions per element
+    of the tile kernel on the same launch (column copies' NVFP4 about a third; expert weights' NVFP4, without the
+    RHT that the tile kernel pays most for, 0.55: 73.5 against 146 on sm_90), and hash their SR bits; their RHT
+    amax pass takes under half the tile amax pass's."""
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
-            tile = rows[f"tile_cols_quantize_{fmt}_launch"]
-            for cfg in script.tiles(configs, report_scope == "full"):
-                sliced = rows[f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}"]
-                assert sliced["sr_hash"] and per_element(sliced) <= per_element(tile) / 2, (sliced, tile)
+            for kind in ("cols", "batch"):
+                tile = rows[f"tile_{kind}_quantize_{fmt}_launch"]
+                for cfg in script.tiles(configs, report_scope == "full"):
+                    sliced = rows[f"{'batch_' if kind == 'batch' else ''}cols_quantize_{fmt}_br{cfg.kwargs['BR']}"
+                                  f"_bk{cfg.kwargs['BK']}"]
+                    bound = 0.55 if (kind, fmt) == ("batch", "nvfp4") else 0.5
+                    assert sliced["sr_hash"] and per_element(sliced) <= bound * per_element(tile), (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
         assert per_element(amax) <= per_element(tile_amax) / 2, (amax, tile_amax)
 
