@@ -264,7 +264,7 @@ def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.co
     atomic_max_bits(amax_ptr + item, tl.max(tl.max(amax, 1), 0))
 
 
-def rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
+def launch_rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
              strides: tuple[int, int], s_b: int = 0) -> None:
     """Launch ``_amax_rht_cols_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch
     items of ``x``, ``s_b`` apart: each item's max|RHT(x)| bits into its int32 ``amax`` cell (zeroed)."""
@@ -294,7 +294,7 @@ def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_stride
         return
     if flags["RHT"]:
         amax = torch.zeros((), device=m.device, dtype=torch.int32)
-        rht_amax(m, mt, amax, m.shape, m.stride())
+        launch_rht_amax(m, mt, amax, m.shape, m.stride())
     else:
         amax = nvfp4_amax(m, mt, False)
     _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, **flags)

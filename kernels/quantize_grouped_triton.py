@@ -29,17 +29,16 @@ from autoprec.kernels.block_scales_triton import tensor_scales
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
-    AMAX_PROGRAMS,
     AMAX_R,
     BLOCK_K,
     H200_CHECKED,
     KEY_ARGS,
     MXFP8_GPU_CONFIGS,
-    _amax_kernel,
     _configs,
     _load_tile,
     _rht_operand,
     int32_arg,
+    launch_amax,
     mxfp8_encode_store,
     mxfp8_meta,
     nvfp4_encode_store,
@@ -283,12 +282,11 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     sliced = x.stride(1) != 1 and not tile2d  # blocks read down a strided dim: the slice kernels
     if fmt is NVFP4:
         amax = torch.zeros(items, device=x.device, dtype=torch.int32)
+        views = (x, mt, amax, (n, k_loaded), (x.stride(2), x.stride(1)), x.stride(0))
         if sliced and rht:
-            qc.rht_amax(x, mt, amax, (n, k_loaded), (x.stride(2), x.stride(1)), x.stride(0))
+            qc.launch_rht_amax(*views)
         else:
-            tiles = cdiv(n, AMAX_R) * cdiv(k_loaded, BLOCK_K)
-            _amax_kernel[(min(tiles, AMAX_PROGRAMS), items)](x, mt, amax, n, k_loaded, x.stride(2), x.stride(1),
-                                                             x.stride(0), BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+            launch_amax(*views, rht)
         codes = torch.empty(items, n, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty((items, n // 16, k // 16) if tile2d else (items, n, k // 16), device=x.device,
                              dtype=torch.uint8)

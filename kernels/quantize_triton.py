@@ -376,9 +376,18 @@ def nvfp4_amax(m: torch.Tensor, mt: torch.Tensor, rht: bool) -> torch.Tensor:
     """The int32 cell holding the fp32 bits of max|m| (with ``rht``: of the RHT along K; ``mt`` its signs) over the
     finite values: NVFP4's tensor amax, the quantize kernels' ``amax_ptr``."""
     amax = torch.zeros((), device=m.device, dtype=torch.int32)
-    tiles = cdiv(m.shape[0], AMAX_R) * cdiv(m.shape[1], BLOCK_K)
-    _amax_kernel[(min(tiles, AMAX_PROGRAMS),)](m, mt, amax, *m.shape, *m.stride(), 0, BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+    launch_amax(m, mt, amax, m.shape, m.stride(), 0, rht)
     return amax
+
+
+def launch_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
+                strides: tuple[int, int], s_b: int, rht: bool) -> None:
+    """Launch ``_amax_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch items of
+    ``x``, ``s_b`` apart: each item's max|x| bits (with ``rht``: of the RHT along K) into its int32 ``amax`` cell
+    (zeroed)."""
+    tiles = cdiv(shape[0], AMAX_R) * cdiv(shape[1], BLOCK_K)
+    _amax_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, BR=AMAX_R, BK=BLOCK_K,
+                                                            RHT=rht)
 
 
 def mxfp8_meta(fmt: Format, scale_mode: str) -> dict:
