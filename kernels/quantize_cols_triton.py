@@ -265,7 +265,7 @@ def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.co
 
 
 def launch_rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
-             strides: tuple[int, int], s_b: int = 0) -> None:
+                    strides: tuple[int, int], s_b: int = 0) -> None:
     """Launch ``_amax_rht_cols_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch
     items of ``x``, ``s_b`` apart: each item's max|RHT(x)| bits into its int32 ``amax`` cell (zeroed)."""
     tiles = cdiv(shape[0], AMAX_CONFIG["BR"]) * cdiv(shape[1], AMAX_CONFIG["BK"])
