@@ -139,9 +139,9 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
     """Column copies as a launch compiles them (a row-major bf16 tensor blocked down its rows, the wgrad operands:
     NVFP4 with SR and RHT, MXFP8 with SR), and expert weights (E, K, N) as they lie (SR): the slice kernels, at
     every tile they tune over (the quick report: the first), take at most half the SASS instructions per element
-    of the tile kernel on the same launch (column copies' NVFP4 about a third; expert weights' NVFP4, without the
-    RHT that the tile kernel pays most for, 0.55: 73.5 against 146 on sm_90), and hash their SR bits; their RHT
-    amax pass takes under half the tile amax pass's."""
+    of the tile kernel on the same launch (column copies' NVFP4 about a third; expert weights' NVFP4, which has no
+    RHT, where the tile kernel loses most, at most 0.55: 73.5 against 146 on sm_90), and hash their SR bits; their
+    RHT amax pass takes under half the tile amax pass's."""
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
