@@ -23,7 +23,8 @@ def autotuned() -> dict[str, Autotuner]:
 
 def test_every_autotuned_kernel_takes_the_short_benchmark():
     tuned = autotuned()
-    assert len(tuned) == 15, sorted(tuned)  # the single and K-grouped (tiles, slices), one-read, grouped quantizers
+    assert len(tuned) == 17, sorted(tuned)  # the single, K-grouped and batch (tiles, slices), one-read and token
+    # group quantizers
     assert {name for name, k in tuned.items() if k._do_bench is not autotune.short_bench} == set()
 
 
