@@ -34,6 +34,14 @@ class Rig:
 
         return triton.testing.do_bench(fn)
 
+    def output_and_ms(self, fn):
+        """(one call's output, ``bench(fn)``): a dry run times that one call instead of calling ``fn`` again."""
+        began = time.perf_counter()
+        out = fn()
+        if self.dry:
+            return out, max((time.perf_counter() - began) * 1e3, 1e-6)
+        return out, self.bench(fn)
+
     def sync(self) -> None:
         """Wait for the GPU's queued work (a dry run has none)."""
         if not self.dry:

@@ -106,8 +106,8 @@ def main() -> None:
     timed += [(name.replace("both", "one read"), lambda f=f, r=r, c=c: quantize_dual_triton(x, get_format(f), r, c))
               for name, f, r, c in duals]
     for name, fn in timed:
-        written = sum(q.codes.nbytes + q.scales.nbytes for q in fn())
-        ms = rig.bench(fn)
+        out, ms = rig.output_and_ms(fn)
+        written = sum(q.codes.nbytes + q.scales.nbytes for q in out)
         gbs = (x.nbytes + written) / ms / 1e6
         fmt = "nvfp4" if name.startswith("nvfp4") else "mxfp8"  # the autotuned kernel this case launched
         module, kind = (qd, "_dual") if "one read" in name else (qc, "_cols") if "cols" in name else (qt, "")
@@ -320,9 +320,8 @@ def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
         if tile2d:  # NVFP4's 1x16 blocks too: the slice kernels (weights as they lie, K strided)
             cases.append(("nvfp4 weights 1x16, batched", w, lambda: quantize_batches(w, "nvfp4")))
         for name, src, fn in cases:
-            out = fn()
+            out, ms = rig.output_and_ms(fn)
             written = sum(q.codes.nbytes + q.scales.nbytes for q in (out if isinstance(out, list) else [out]))
-            ms = rig.bench(fn)
             gbs = (src.nbytes + written) / ms / 1e6
             print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (hbm_tbs * 1e3):>7.0f}%")
 
