@@ -134,21 +134,24 @@ def batch_kernels() -> tuple:
             ("slices", q._mxfp8_batch_cols_kernel), ("tiles", q._mxfp8_batch_kernel))
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
 @pytest.mark.parametrize("fmt,seed,tile2d", [("nvfp4", None, True), ("nvfp4", 7, False), ("mxfp8", 7, False),
                                              ("mxfp8_e5m2", None, False)])
 def test_batched_expert_quantizer_equals_each_expert_alone(monkeypatch, fmt, seed, tile2d, layout):
     """Expert weights (E, K, N) blocked along K, every expert in one launch (read in place, also as the transposed
-    view a dgrad passes), against each expert quantized alone: its own tensor scale and SR stream. As they lie, K
-    is the strided dim: the slice kernels (but for 16x16 tiles); the transposed view takes the tile kernels."""
+    view a dgrad passes, and as a view strided in both dims), against each expert quantized alone: its own tensor
+    scale and SR stream. As they lie, K is a strided dim: the slice kernels (but for 16x16 tiles); the transposed
+    view takes the tile kernels."""
     w = torch.stack([edge_tensor(64, 48, seed=e) * 1000.0 ** (e - 1) for e in range(3)])  # (3, K=64, N=48)
     if layout == "transposed":
         w = torch.stack([edge_tensor(48, 64, seed=e) * 1000.0 ** (e - 1) for e in range(3)]).transpose(1, 2)
+    if layout == "strided":  # every other column of a (3, 64, 96) tensor
+        w = torch.stack([edge_tensor(64, 96, seed=e) * 1000.0 ** (e - 1) for e in range(3)])[:, :, ::2]
     ran = []
     record_runs(monkeypatch, batch_kernels(), ran)
     codes, scales, ts = quantize_batches_triton(w.to(DEVICE), get_format(fmt), seed=seed,
                                                 step=torch.tensor(STEP, device=DEVICE), tile2d=tile2d)
-    assert ran == ["slices" if layout == "contiguous" and not tile2d else "tiles"]
+    assert ran == ["tiles" if layout == "transposed" or tile2d else "slices"]
     for e in range(3):
         rand = None if seed is None else sr_bits(w[e].shape, sr_stream(group_seed(seed, e), STEP))
         ref = quantize_ref(w[e], fmt, 0, rounding="rne" if seed is None else "sr", rand=rand, tile2d=tile2d)
