@@ -27,13 +27,13 @@ from autoprec.kernels.quantize_cols_triton import mxfp8_slices_tile, nvfp4_slice
 from autoprec.kernels.quantize_triton import (
     _index_strides,
     _rht_operand,
+    hashed_stream,
     kernel_keys,
     mxfp8_tile,
     nvfp4_tile,
     tile_amax,
 )
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
-from autoprec.kernels.random_bits import StepStream
 
 # (BR, BK, warps): the columnwise copy's slices run along the BK columns, so BK is the wide side (a slice of
 # BK x BR/32 elements fills the threads); MXFP8's BR holds whole 32-row blocks. Not yet timed on a GPU.
@@ -104,10 +104,11 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     sources = [rows.source(x, 1), cols.source(x, 0)]
     ia, ib = (_index_strides(src.shape, axis) for src, axis in sources)
     # each copy's SR bits hashed in the kernel: (k1, k2, the step a StepStream's keys take on the device)
-    keys = [(*kernel_keys(c.seed), c.seed.step if isinstance(c.seed, StepStream) else x) for c in (rows, cols)]
+    modes = [hashed_stream(c.seed, x) for c in (rows, cols)]
+    keys = [(*kernel_keys(c.seed), step) for c, (_, step) in zip((rows, cols), modes)]
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
-    sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, HASH_A=_hash(rows), RHT_B=cols.rht,
-                 SR_B=cols.seed is not None, HASH_B=_hash(cols))
+    sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, HASH_A=modes[0][0], RHT_B=cols.rht,
+                 SR_B=cols.seed is not None, HASH_B=modes[1][0])
     if fmt is NVFP4:
         amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax
         _amax2_kernel[grid](x, m, amax, n_rows, k, x.stride(0), x.stride(1), RHT_A=rows.rht, RHT_B=cols.rht)
@@ -132,8 +133,3 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
                              BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **sides)
     return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, src.shape)
                  for c, s, (src, axis) in zip(codes, scales, sources))
-
-
-def _hash(copy: QuantCopy) -> int:
-    """The kernels' HASH of a copy's SR keys: 2 for a ``StepStream`` (its step read on the device), else 1."""
-    return 2 if isinstance(copy.seed, StepStream) else 1

@@ -293,6 +293,12 @@ def kernel_keys(stream: int | StepStream | None) -> tuple[int, int]:
     return tuple(int32_arg(k) for k in keys)
 
 
+def hashed_stream(stream: int | StepStream, unused: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(HASH, rand_ptr) of a kernel hashing the SR bits of ``stream``: 2 and its step for a ``StepStream`` (the
+    kernel reads the step and derives the keys on the device), else 1 and ``unused`` (a pointer it never reads)."""
+    return (2, stream.step) if isinstance(stream, StepStream) else (1, unused)
+
+
 def int32_arg(bits: int) -> int:
     """The int32 kernel argument holding the uint32 ``bits``."""
     return bits - (1 << 32) if bits >= 1 << 31 else bits
@@ -337,11 +343,12 @@ def quantize_triton(
     hashed = seed is not None and rand is None and (index := _index_strides(x.shape, axis)) is not None
     keys = kernel_keys(seed if hashed else None)
     if hashed:  # rand_ptr: unused, or the step of a StepStream
-        r_m, r_strides = seed.step if isinstance(seed, StepStream) else m, index
+        hash_mode, r_m = hashed_stream(seed, m)
+        r_strides = index
     else:
         if seed is not None and rand is None:
             rand = sr_bits(x.shape, int(seed), x.device)
-        r_m = _as_matrix(rand, axis) if rand is not None else m
+        hash_mode, r_m = 0, _as_matrix(rand, axis) if rand is not None else m
         r_strides = r_m.stride()
     mt = _rht_operand(x, rht, rht_signs_)
     stored = x.shape[:axis] + x.shape[axis + 1:] + (k,)
@@ -349,8 +356,7 @@ def quantize_triton(
     codes = torch.empty(stored[:-1] + (k // 2 if fmt is NVFP4 else k,), device=x.device, dtype=torch.uint8)
     scales = torch.empty(scale_shape, device=x.device, dtype=torch.uint8)
     s_dec = torch.empty((), device=x.device, dtype=torch.float32) if fmt is NVFP4 else None
-    common = dict(RHT=rht, SR=rand is not None or hashed, HASH=(2 if isinstance(seed, StepStream) else 1) if hashed
-                  else 0)
+    common = dict(RHT=rht, SR=rand is not None or hashed, HASH=hash_mode)
     args = (m, mt, r_m, *keys, codes, scales)
     if m.stride(1) != 1 and not tile2d:  # blocks read down a strided dim (a column copy), not in 16x16 tiles
         from autoprec.kernels.quantize_cols_triton import quantize_cols
