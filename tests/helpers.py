@@ -117,6 +117,18 @@ def force_tile(monkeypatch, kernels, config) -> None:
         monkeypatch.setattr(kernel, "cache", {})
 
 
+def case_ids(cases) -> list[str]:
+    """Test ids of (format, tile config) cases."""
+    return [f"{fmt}-{tile_id(config)}" for fmt, config in cases]
+
+
+def slice_tile_cases() -> list[tuple[str, object]]:
+    """(format, config) of every tile the slice kernels (blocks down a strided dim) tune over."""
+    from autoprec.kernels import quantize_cols_triton as qc
+
+    return [("nvfp4", c) for c in qc.NVFP4_CONFIGS] + [("mxfp8", c) for c in qc.MXFP8_CONFIGS]
+
+
 def one_read_tile_cases() -> list[tuple[str, object]]:
     """(format, config) of every tile the one-read quantizers tune over."""
     from autoprec.kernels import quantize_dual_triton as qd

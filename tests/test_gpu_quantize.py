@@ -13,7 +13,16 @@ from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import sr_stream
 
-from helpers import assert_same, edge_tensor, force_one_read_tile, force_tile, mismatch, one_read_tile_cases, tile_id
+from helpers import (
+    assert_same,
+    case_ids,
+    edge_tensor,
+    force_one_read_tile,
+    force_tile,
+    mismatch,
+    one_read_tile_cases,
+    slice_tile_cases,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEED = sr_stream(5, 11)
@@ -48,7 +57,7 @@ TILE_CASES = [("nvfp4", c) for c in qt.CONFIGS] + [("mxfp8", c) for c in qt.MXFP
 
 
 @pytest.mark.parametrize("fmt,config", TILE_CASES,
-                         ids=[f"{f}-{tile_id(c)}" for f, c in TILE_CASES])
+                         ids=case_ids(TILE_CASES))
 def test_gpu_every_autotuned_tile_equals_reference(monkeypatch, fmt, config):
     """Each tile the kernel is tuned over, forced in turn (the autotuner picks by speed, and one MXFP8 tile, now
     left out of its list, was wrong on an H200 where the others were exact, for strided reads): rows, hashed SR
@@ -71,10 +80,10 @@ def assert_gpu_equals_reference(monkeypatch, x, axis, fmt, opts) -> None:
     assert problem is None, (axis, opts, problem)
 
 
-COLUMN_TILE_CASES = [("nvfp4", c) for c in qc.NVFP4_CONFIGS] + [("mxfp8", c) for c in qc.MXFP8_CONFIGS]
+COLUMN_TILE_CASES = slice_tile_cases()
 
 
-@pytest.mark.parametrize("fmt,config", COLUMN_TILE_CASES, ids=[f"{f}-{tile_id(c)}" for f, c in COLUMN_TILE_CASES])
+@pytest.mark.parametrize("fmt,config", COLUMN_TILE_CASES, ids=case_ids(COLUMN_TILE_CASES))
 def test_gpu_every_column_tile_equals_reference(monkeypatch, fmt, config):
     """The slice kernels of column copies (blocks down a strided dim), each tile forced: RNE, and SR with RHT,
     down the rows of bf16 edge data; SR along the rows of its transposed view (memory strided along them)."""
@@ -111,7 +120,7 @@ ONE_READ_TILE_CASES = one_read_tile_cases()
 
 @pytest.mark.parametrize("data", list(ONE_READ_DATA))
 @pytest.mark.parametrize("pair", list(ONE_READ_PAIRS))
-@pytest.mark.parametrize("fmt,config", ONE_READ_TILE_CASES, ids=[f"{f}-{tile_id(c)}" for f, c in ONE_READ_TILE_CASES])
+@pytest.mark.parametrize("fmt,config", ONE_READ_TILE_CASES, ids=case_ids(ONE_READ_TILE_CASES))
 def test_gpu_one_read_kernel_equals_two_references(monkeypatch, fmt, config, pair, data):
     """The one-read kernel (dispatch runs two single quantizers on a GPU until this passes there) at each tile,
     for a gradient's pair and each part of it alone: bytes and fields of both copies as two quantizations make

@@ -4,13 +4,12 @@ GEMM, alone and in a compiled MoE block, runs through them."""
 import pytest
 import torch
 
-from helpers import bits_equal, edge_tensor, force_tile, record_runs, tile_id
+from helpers import bits_equal, case_ids, edge_tensor, force_tile, record_runs, slice_tile_cases, tile_id
 
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import dispatch, grouped_dispatch, quantize_grouped_triton, quantize_ref, rht_ref
-from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
@@ -218,11 +217,10 @@ def test_every_grouped_tile_matches_reference(monkeypatch, config):
         check_padded_batch(monkeypatch, fmt, contiguous=False)
 
 
-BATCH_SLICE_TILES = [(fmt, c) for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS))
-                     for c in configs]
+BATCH_SLICE_TILES = slice_tile_cases()
 
 
-@pytest.mark.parametrize("fmt,config", BATCH_SLICE_TILES, ids=[f"{f}-{tile_id(c)}" for f, c in BATCH_SLICE_TILES])
+@pytest.mark.parametrize("fmt,config", BATCH_SLICE_TILES, ids=case_ids(BATCH_SLICE_TILES))
 def test_every_batch_slice_tile_matches_reference(monkeypatch, fmt, config):
     """Batch items blocked down a strided dim (stored (E, K, M), unit stride along M) take the slice kernels: each
     of their GPU tiles forced, SR with RHT (NVFP4's amax pass in slices too), K (40) padded in the kernel, against

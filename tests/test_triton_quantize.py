@@ -4,6 +4,7 @@ import torch
 
 from helpers import (
     assert_same,
+    case_ids,
     edge_tensor,
     force_one_read_tile,
     force_tile,
@@ -254,7 +255,7 @@ def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
 DUAL_TILE_CASES = one_read_tile_cases()
 
 
-@pytest.mark.parametrize("fmt,config", DUAL_TILE_CASES, ids=[f"{f}-{tile_id(c)}" for f, c in DUAL_TILE_CASES])
+@pytest.mark.parametrize("fmt,config", DUAL_TILE_CASES, ids=case_ids(DUAL_TILE_CASES))
 def test_every_dual_tile_matches_reference(monkeypatch, fmt, config):
     """Each tile a GPU may pick for the one-read kernels (the interpreter runs the first alone), tiles overhanging
     the tensor: both copies of a gradient (SR both ways, RHT and a transposed source on the columnwise one)."""
