@@ -76,6 +76,11 @@ E4M3 = get_format("mxfp8").elem
 QUANT_BLOCKS = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": True}
 
 
+def tile_tag(config) -> str:
+    """A tile config's part of a report entry's name: ``br{BR}_bk{BK}``."""
+    return f"br{config.kwargs['BR']}_bk{config.kwargs['BK']}"
+
+
 def tiles(configs: list, full: bool) -> list:
     """The autotuned configs to compile: all of them, or (the quick report) the first."""
     return list(configs) if full else list(configs[:1])
@@ -132,7 +137,7 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
                     QUANT_BLOCKS | mx | {"HASH": hashed}, {}))
     for cfg in qt.CONFIGS[1:] if full else []:  # the other autotuned tiles (hashed SR, RHT)
         tile, opts = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"]}, {"num_warps": cfg.num_warps}
-        tag = f"br{tile['BR']}_bk{tile['BK']}"
+        tag = tile_tag(cfg)
         out.append((f"quantize_nvfp4_hashed_{tag}", qt._nvfp4_kernel.fn, nvfp4,
                     QUANT_BLOCKS | tile | {"SR": True, "HASH": True, "TILE2D": False}, opts))
         out.append((f"quantize_mxfp8_hashed_{tag}", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES,
@@ -174,7 +179,7 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
             ("nvfp4", qc._nvfp4_cols_kernel, nvfp4, nv_flags, qc.NVFP4_CONFIGS),
             ("mxfp8", qc._mxfp8_cols_kernel, QUANT_POINTERS | SIZES | step, mx_flags, qc.MXFP8_CONFIGS)):
         for cfg in tiles(configs, full):
-            out.append((f"cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
+            out.append((f"cols_quantize_{fmt}_{tile_tag(cfg)}", kernel.fn, sig,
                         flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32", "s_b": "i32"}
@@ -208,7 +213,7 @@ def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, di
             ("mxfp8", qd._mxfp8_dual_kernel, head | side("a", False) | side("b", False), mx, qd.MXFP8_CONFIGS)):
         for cfg in tiles(configs, full):
             tile, opts = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"]}, {"num_warps": cfg.num_warps}
-            tag = f"br{tile['BR']}_bk{tile['BK']}"
+            tag = tile_tag(cfg)
             out.append((f"dual_launch_{fmt}_{tag}", kernel.fn, sig | {"x_ptr": "*bf16"},
                         extra | tile | gradient | {"RHT_B": fmt == "nvfp4"}, opts | {LAUNCH_ALIGNED: True}))
             out.append((f"quantize_dual_{fmt}_{tag}", kernel.fn, sig, extra | tile | flags, opts))
@@ -234,7 +239,7 @@ def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
     out = []
     for cfg, groups in [(c, 64) for c in tiles(qg.NVFP4_CONFIGS, full)] + [(qg.NVFP4_CONFIGS[0], 256)]:
         tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": groups, "RHT": False, "SR": True}
-        tag, opts = f"br{tile['BR']}_bk{tile['BK']}_e{groups}", {"num_warps": cfg.num_warps}
+        tag, opts = f"{tile_tag(cfg)}_e{groups}", {"num_warps": cfg.num_warps}
         out.append((f"grouped_quantize_nvfp4_{tag}", qg._nvfp4_grouped_kernel.fn, nvfp4, tile, opts))
         out.append((f"grouped_quantize_mxfp8_{tag}", qg._mxfp8_grouped_kernel.fn, head | sizes, tile | mx, opts))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "amax_ptr": "*i32", "R": "i32", "K": "i32",
@@ -247,7 +252,7 @@ def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
                "r_k": "i32", "c_b": "i32", "sc_b": "i32"}
     for cfg in tiles(qg.NVFP4_CONFIGS, full):  # expert weights (SR, 16x16 tiles for NVFP4), read down their strided K
         tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "RHT": False, "SR": True}
-        tag, opts = f"br{tile['BR']}_bk{tile['BK']}", {"num_warps": cfg.num_warps}
+        tag, opts = tile_tag(cfg), {"num_warps": cfg.num_warps}
         out.append((f"batch_quantize_nvfp4_{tag}", qg._nvfp4_batch_kernel.fn,
                     batch | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | strides, tile | {"TILE2D": True}, opts))
         out.append((f"batch_quantize_mxfp8_{tag}", qg._mxfp8_batch_kernel.fn, batch | strides, tile | mx, opts))
@@ -261,7 +266,7 @@ def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
             ("nvfp4", qg._nvfp4_batch_cols_kernel, nv_sig, qc.NVFP4_CONFIGS, {}),
             ("mxfp8", qg._mxfp8_batch_cols_kernel, batch | strides, qc.MXFP8_CONFIGS, mx)):
         for cfg in tiles(configs, full):
-            out.append((f"batch_cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
+            out.append((f"batch_cols_quantize_{fmt}_{tile_tag(cfg)}", kernel.fn, sig,
                         launch | extra | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     return out
 
@@ -280,7 +285,7 @@ def k_group_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
         for cfg in tiles(configs, full):
             tile = {"BR": cfg.kwargs["BR"], "BK": cfg.kwargs["BK"], "EP": 64, "RHT": True, "SR": True,
                     "GROUP_ROWS": True}
-            out.append((f"k_groups_quantize_{fmt}_br{tile['BR']}_bk{tile['BK']}", kernel.fn, sig, tile | extra,
+            out.append((f"k_groups_quantize_{fmt}_{tile_tag(cfg)}", kernel.fn, sig, tile | extra,
                         {"num_warps": cfg.num_warps}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "amax_ptr": "*i32",
             "R": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
@@ -291,7 +296,7 @@ def k_group_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
                                  ("mxfp8", kg._mxfp8_k_groups_cols_kernel, qc.MXFP8_CONFIGS)):
         sig = head | ({"amax_ptr": "*i32", "ts_ptr": "*fp32"} if fmt == "nvfp4" else {}) | sizes
         for cfg in tiles(configs, full):
-            out.append((f"k_groups_cols_quantize_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}", kernel.fn, sig,
+            out.append((f"k_groups_cols_quantize_{fmt}_{tile_tag(cfg)}", kernel.fn, sig,
                         launch | cfg.kwargs | ({} if fmt == "nvfp4" else mx), {"num_warps": cfg.num_warps,
                                                                               LAUNCH_ALIGNED: True}))
     out.append(("k_groups_cols_quantize_amax_rht", kg._k_groups_amax_rht_cols_kernel, amax,

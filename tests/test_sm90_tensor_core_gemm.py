@@ -145,11 +145,10 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
-            for kind in ("cols", "batch"):
+            for kind, slices in (("cols", "cols"), ("batch", "batch_cols")):
                 tile = rows[f"tile_{kind}_quantize_{fmt}_launch"]
                 for cfg in script.tiles(configs, report_scope == "full"):
-                    sliced = rows[f"{'batch_' if kind == 'batch' else ''}cols_quantize_{fmt}_br{cfg.kwargs['BR']}"
-                                  f"_bk{cfg.kwargs['BK']}"]
+                    sliced = rows[f"{slices}_quantize_{fmt}_{script.tile_tag(cfg)}"]
                     bound = 0.55 if (kind, fmt) == ("batch", "nvfp4") else 0.5
                     assert sliced["sr_hash"] and per_element(sliced) <= bound * per_element(tile), (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
@@ -166,11 +165,10 @@ def test_ptx_sm90_and_sm100_one_read_quantizer_costs_no_more_than_the_two_kernel
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs, cols in (("nvfp4", qd.NVFP4_CONFIGS, qc.NVFP4_CONFIGS),
                                    ("mxfp8", qd.MXFP8_CONFIGS, qc.MXFP8_CONFIGS)):
-            c = cols[0].kwargs
-            column = rows[f"cols_quantize_{fmt}_br{c['BR']}_bk{c['BK']}"]
+            column = rows[f"cols_quantize_{fmt}_{script.tile_tag(cols[0])}"]
             two = per_element(rows[f"rows_sr_launch_{fmt}"]) + per_element(column)
             for cfg in script.tiles(configs, report_scope == "full"):
-                one = rows[f"dual_launch_{fmt}_br{cfg.kwargs['BR']}_bk{cfg.kwargs['BK']}"]
+                one = rows[f"dual_launch_{fmt}_{script.tile_tag(cfg)}"]
                 assert one["vector_loads"] and per_element(one) <= two, (one, two)
 
 
