@@ -1,8 +1,10 @@
 """Shared test helpers."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
+import pytest
 import torch
 
 from autoprec.kernels.swizzle import swizzle_scales
@@ -115,6 +117,25 @@ def force_tile(monkeypatch, kernels, config) -> None:
     for kernel in kernels:
         monkeypatch.setattr(kernel, "configs", [config])
         monkeypatch.setattr(kernel, "cache", {})
+
+
+def pairwise(*axes: dict[str, object]) -> list:
+    """Every combination of the axes' values (each axis an ordered {id: value}) as pytest params with ids joined by
+    "-", the combinations outside a pairwise cover marked slow: the default run still runs each pair of values of
+    any two axes together (a greedy cover, deterministic), ``-m slow`` the rest of the product."""
+    cases = list(itertools.product(*(list(a.items()) for a in axes)))
+    width = min(2, len(axes))  # with one axis, each value alone
+
+    def pairs(case) -> set:
+        return {tuple((i, case[i][0]) for i in ij) for ij in itertools.combinations(range(len(case)), width)}
+
+    uncovered, cover = set().union(*map(pairs, cases)), set()
+    while uncovered:
+        best = max(range(len(cases)), key=lambda n: len(pairs(cases[n]) & uncovered))
+        cover.add(best)
+        uncovered -= pairs(cases[best])
+    return [pytest.param(*(v for _, v in case), id="-".join(k for k, _ in case),
+                         marks=[] if n in cover else [pytest.mark.slow]) for n, case in enumerate(cases)]
 
 
 def case_ids(cases) -> list[str]:

@@ -16,7 +16,7 @@ from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
 from autoprec.kernels.quantized import QuantizedGroups
 
-from helpers import grouped_paths_on_stand_in_gpu, stand_in_gpu, to_device
+from helpers import grouped_paths_on_stand_in_gpu, pairwise, stand_in_gpu, to_device
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -68,15 +68,16 @@ def assert_groups_close(got: torch.Tensor, want: list[torch.Tensor], out_dtype: 
     assert torch.equal(got[ENDS[-1]:], torch.zeros_like(got[ENDS[-1]:]))
 
 
-CASES = [("nvfp4", False), ("nvfp4", True), ("mxfp8", False), ("mxfp8_e5m2", False)]
+CASES = {"nvfp4": ("nvfp4", False), "nvfp4-16x16": ("nvfp4", True), "mxfp8": ("mxfp8", False),
+         "mxfp8_e5m2": ("mxfp8_e5m2", False)}
 
 
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("path", ["decoded_grouped", "triton_grouped"], ids=["sm90_decoded", "sm90_in_register"])
-@pytest.mark.parametrize("fmt,tile2d", CASES, ids=[f"{f}{'-16x16' if t else ''}" for f, t in CASES])
-def test_sm90_grouped_gemm_equals_each_groups_dense_gemm(monkeypatch, fmt, tile2d, path, out_dtype):
+@pytest.mark.parametrize(("case", "path", "out_dtype"), pairwise(
+    CASES, {"sm90_decoded": "decoded_grouped", "sm90_in_register": "triton_grouped"},
+    {"fp32": torch.float32, "bf16": torch.bfloat16}))
+def test_sm90_grouped_gemm_equals_each_groups_dense_gemm(monkeypatch, case, path, out_dtype):
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    qa, qb, offs = operands(fmt, tile2d)
+    qa, qb, offs = operands(*case)
     got = experts_mm(qa, qb, offs, out_dtype, path).cpu()
     assert got.dtype == out_dtype and got.shape == (T, N)
     assert_groups_close(got, per_group_reference(qa, qb, monkeypatch), out_dtype)
@@ -181,7 +182,7 @@ def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, 
     assert all((torch.Tag.cudagraph_unsafe in t.tags) != capturable for t in grouped)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp8", marks=pytest.mark.slow)])
 def test_sm90_grouped_gemm_with_many_small_groups(monkeypatch, fmt):
     """70 experts of 0-4 tokens (a sampler's decode step: most row tiles hold a group of their own; the kernel's
     group table is 128 wide), bf16 tokens: the one-launch 2d x 3d product equals auto mode's per-group CPU

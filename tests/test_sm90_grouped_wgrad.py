@@ -18,7 +18,7 @@ from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
-from helpers import bits_equal, edge_tensor, force_tile, record_runs, tile_id
+from helpers import bits_equal, edge_tensor, force_tile, pairwise, record_runs, tile_id
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,10 +44,9 @@ def reference_groups(x, fmt, axis, seed, rht):
     return out
 
 
-@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
-@pytest.mark.parametrize("seed", [None, 2**31 + 7], ids=["rne", "sr"])
-@pytest.mark.parametrize("axis", [1, 0], ids=["left_MxT", "right_TxN"])
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize(("fmt", "axis", "seed", "rht"), pairwise(
+    {f: f for f in ("nvfp4", "mxfp8", "mxfp8_e5m2")}, {"left_MxT": 1, "right_TxN": 0}, {"rne": None, "sr": 2**31 + 7},
+    {"plain": False, "rht": True}))
 def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht):
     """The left operand as it lies reads its tokens along the unit-stride dim (the tile kernels), the right one down
     a strided dim (the slice kernels)."""
@@ -133,10 +132,10 @@ def quantized_operands(fmt, x, dy, offs, step):
     return ops, ends
 
 
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("run", [grouped_wgrad_decoded, grouped_wgrad_tc_triton], ids=["sm90_decoded",
-                                                                                      "sm90_in_register"])
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize(("fmt", "run", "out_dtype"), pairwise(
+    {"nvfp4": "nvfp4", "mxfp8": "mxfp8"},
+    {"sm90_decoded": grouped_wgrad_decoded, "sm90_in_register": grouped_wgrad_tc_triton},
+    {"fp32": torch.float32, "bf16": torch.bfloat16}))
 def test_sm90_grouped_wgrad_equals_each_groups_dense_gemm(monkeypatch, fmt, run, out_dtype):
     gen = torch.Generator().manual_seed(1)
     x, dy = torch.randn(M, T, generator=gen), torch.randn(T, N, generator=gen)
