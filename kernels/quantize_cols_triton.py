@@ -41,9 +41,11 @@ NVFP4_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w 
     (128, 16, 4), (256, 16, 4), (256, 32, 8), (512, 16, 8))]
 MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
     (256, 32, 4), (512, 32, 8), (256, 64, 8))]
-# The interpreter's tile, far too wide for a GPU's registers: the interpreter's cost is per program and per op,
-# so wide tiles run it 4x faster than the GPU's (a K-grouped 300 x 256 quantization: 8 s against 35 s).
-INTERPRETER_TILE = triton.Config({"BR": 1024, "BK": 64}, num_warps=8)
+# The interpreter's tile, far too wide for a GPU's registers: the interpreter's cost is per program and per op, so
+# wide tiles run it faster than the GPU's, and 128 columns (the widest a K-grouped tile may be: GROUP_PAD) halve the
+# programs of 64 (an MXFP8 K-grouped 32 x 300 quantization, tokens strided: 5.0 s, 10.2 s at 1024 x 64, 19.2 s at
+# the GPU's 256 x 32).
+INTERPRETER_TILE = triton.Config({"BR": 256, "BK": 128}, num_warps=8)
 AMAX_CONFIG = {"BR": 256, "BK": 32}  # the RHT amax pass's tile (4 warps: 32 elements per thread)
 
 
