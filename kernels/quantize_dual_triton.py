@@ -13,8 +13,6 @@ instructions per element than the rowwise and column slice kernels it replaces (
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +23,7 @@ from autoprec.kernels.block_scales_triton import atomic_max_bits
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_cols_triton import mxfp8_slices_tile, nvfp4_slices_tile, slices_amax
 from autoprec.kernels.quantize_triton import (
+    _configs,
     _index_strides,
     _rht_operand,
     hashed_stream,
@@ -42,10 +41,6 @@ NVFP4_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w 
 MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
     (32, 128, 4), (32, 256, 8), (64, 64, 4))]
 DUAL_KEY_ARGS = ["k1_a", "k2_a", "k1_b", "k2_b"]  # SR keys: scalars, never specialized (quantize_triton.KEY_ARGS)
-
-
-def _configs(configs: list[triton.Config]) -> list[triton.Config]:
-    return configs[:1] if os.environ.get("TRITON_INTERPRET") == "1" else configs
 
 
 @autotune(_configs(NVFP4_CONFIGS), ["R", "K"])

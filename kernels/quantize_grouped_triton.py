@@ -29,14 +29,13 @@ from autoprec.kernels.block_scales_triton import tensor_scales
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
-    AMAX_R,
-    BLOCK_K,
     H200_CHECKED,
     KEY_ARGS,
     MXFP8_GPU_CONFIGS,
     _configs,
     _load_tile,
     _rht_operand,
+    amax_tile,
     int32_arg,
     launch_amax,
     mxfp8_encode_store,
@@ -164,8 +163,9 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
-        _group_amax_kernel[(cdiv(n_rows, AMAX_R),)](x, mt, offs, amax, n_rows, k_loaded, x.stride(0), x.stride(1),
-                                                   groups, EP=ep, BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+        tile = amax_tile()
+        _group_amax_kernel[(cdiv(n_rows, tile["BR"]),)](x, mt, offs, amax, n_rows, k_loaded, x.stride(0), x.stride(1),
+                                                       groups, EP=ep, RHT=rht, **tile)
         codes = torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)

@@ -29,12 +29,11 @@ from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
-    AMAX_R,
-    BLOCK_K,
     KEY_ARGS,
     _configs,
     _load_tile,
     _rht_operand,
+    amax_tile,
     mxfp8_encode_store,
     mxfp8_meta,
     nvfp4_encode_store,
@@ -215,9 +214,9 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
             _k_groups_amax_rht_cols_kernel[(cdiv(n_rows, cfg["BR"]), kp // cfg["BK"])](
                 m, mt, offs, ends, amax, n_rows, tokens, m.stride(0), m.stride(1), groups, EP=ep, **cfg)
         else:
-            _k_groups_amax_kernel[(cdiv(n_rows, AMAX_R), kp // BLOCK_K)](m, mt, offs, ends, amax, n_rows, tokens,
-                                                                        m.stride(0), m.stride(1), groups, EP=ep,
-                                                                        BR=AMAX_R, BK=BLOCK_K, RHT=rht)
+            tile = amax_tile()  # its width divides GROUP_PAD
+            _k_groups_amax_kernel[(cdiv(n_rows, tile["BR"]), kp // tile["BK"])](
+                m, mt, offs, ends, amax, n_rows, tokens, m.stride(0), m.stride(1), groups, EP=ep, RHT=rht, **tile)
         codes = torch.empty(n_rows, kp // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty(n_rows, kp // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)

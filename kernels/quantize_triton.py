@@ -36,7 +36,7 @@ from autoprec.kernels.numerics_triton import (
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
 
-BLOCK_R = 16  # the first (interpreter's) config of the quantize kernels
+BLOCK_R = 16  # the first config of the quantize kernels
 BLOCK_K = 64
 AMAX_R = 64  # the amax pass's tile is AMAX_R x BLOCK_K (32 elements per thread) ...
 AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping over tiles
@@ -50,6 +50,11 @@ AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping
 CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
     (BLOCK_R, BLOCK_K, 4), (32, 64, 8), (16, 128, 8), (64, 64, 4), (32, 128, 4), (128, 64, 8))]
 H200_CHECKED = CONFIGS[:3]  # the tiles an H200 ran against the reference (stop 21; MXFP8 drops the first)
+# The interpreter's tile, for the quantize kernels and the amax passes (no GPU's registers bound it; the
+# interpreter's cost is per program and per op): a 300 x 256 SR quantization took 1.4 s for NVFP4 with the RHT and
+# 0.25 s for MXFP8, 11.8 s and 2.95 s at 16 x 64 (the amax pass at 64 x 64). Tests force each GPU tile against the
+# reference (``test_every_autotuned_tile_matches_reference`` and its kin).
+INTERPRETER_TILE = triton.Config({"BR": 128, "BK": 128}, num_warps=8)
 
 
 def _strided_reads_keep_checked_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -57,7 +62,8 @@ def _strided_reads_keep_checked_tiles(configs: list[triton.Config], named_args: 
     the one these kernels still take) tune only over tiles a GPU has checked. The wrong tile an H200 showed
     (below) was wrong for strided reads alone, and the one-read kernel's wrong copy was a strided one too; rows
     tune over every tile."""
-    return configs if named_args["s_k"] == 1 else [c for c in configs if c in H200_CHECKED]
+    return configs if named_args["s_k"] == 1 or configs == [INTERPRETER_TILE] else [c for c in configs
+                                                                                   if c in H200_CHECKED]
 
 
 # On an H200 (Triton 3.6) the MXFP8 kernel at the first tile wrote wrong scales for blocks read down a strided
@@ -72,7 +78,8 @@ KEY_ARGS = ["k1", "k2"]
 
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
-    return CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else gpu
+    """The tile kernels' autotuned tiles: ``gpu``, or in the interpreter ``INTERPRETER_TILE`` alone."""
+    return [INTERPRETER_TILE] if os.environ.get("TRITON_INTERPRET") == "1" else gpu
 
 
 @triton.jit
@@ -386,14 +393,21 @@ def nvfp4_amax(m: torch.Tensor, mt: torch.Tensor, rht: bool) -> torch.Tensor:
     return amax
 
 
+def amax_tile() -> dict[str, int]:
+    """The amax passes' tile: AMAX_R x BLOCK_K, or in the interpreter ``INTERPRETER_TILE``'s (fewer programs)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return dict(INTERPRETER_TILE.kwargs)
+    return {"BR": AMAX_R, "BK": BLOCK_K}
+
+
 def launch_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
                 strides: tuple[int, int], s_b: int, rht: bool) -> None:
     """Launch ``_amax_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch items of
     ``x``, ``s_b`` apart: each item's max|x| bits (with ``rht``: of the RHT along K) into its int32 ``amax`` cell
     (zeroed)."""
-    tiles = cdiv(shape[0], AMAX_R) * cdiv(shape[1], BLOCK_K)
-    _amax_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, BR=AMAX_R, BK=BLOCK_K,
-                                                            RHT=rht)
+    tile = amax_tile()
+    tiles = cdiv(shape[0], tile["BR"]) * cdiv(shape[1], tile["BK"])
+    _amax_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, RHT=rht, **tile)
 
 
 def mxfp8_meta(fmt: Format, scale_mode: str) -> dict:
