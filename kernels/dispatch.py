@@ -18,13 +18,13 @@ with the kernel, so nothing is lost but speed.
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import replace
 
 import torch
 
 from autoprec.formats import Format, get_format
 from autoprec.kernels.hadamard_ref import rht_ref
+from autoprec.kernels.launch import interpreting
 from autoprec.kernels.mode import kernel_mode
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
@@ -42,7 +42,7 @@ def triton_runtime_reason(device: torch.device) -> str | None:
         return "triton is not installed (pip install 'autoprec[triton]')"
     if device.type == "cuda":
         return None
-    if os.environ.get("TRITON_INTERPRET") == "1" and device.type == "cpu":
+    if interpreting() and device.type == "cpu":
         return None
     return f"Triton needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors; got device {device}"
 

@@ -15,8 +15,6 @@ build their slice kernels from the same pieces.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -24,7 +22,7 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, interpreting
 from autoprec.kernels.numerics_triton import encode_float8, pow2, round_and_encode, sr_hash_bits, step_stream_keys
 from autoprec.kernels.quantize_triton import (
     AMAX_PROGRAMS,
@@ -51,7 +49,7 @@ AMAX_CONFIG = {"BR": 256, "BK": 32}  # the RHT amax pass's tile (4 warps: 32 ele
 
 def tiles(gpu: list[triton.Config]) -> list[triton.Config]:
     """The slice kernels' autotuned tiles: ``gpu``, or in the interpreter ``INTERPRETER_TILE`` alone."""
-    return [INTERPRETER_TILE] if os.environ.get("TRITON_INTERPRET") == "1" else gpu
+    return [INTERPRETER_TILE] if interpreting() else gpu
 
 
 @triton.jit

@@ -9,7 +9,6 @@ strided dim to the slice kernels of ``quantize_cols_triton``.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -24,7 +23,7 @@ from autoprec.kernels.block_scales_triton import (
     nvfp4_block_scales,
 )
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, interpreting
 from autoprec.kernels.numerics_triton import (
     encode_float8,
     hadamard_signs,
@@ -61,7 +60,7 @@ def _strided_reads_keep_checked_tiles(configs: list[triton.Config], named_args: 
     """The autotuner's pruning: blocks read down a strided dim (``s_k`` is not 1: a column copy in 16x16 tiles,
     the one these kernels still take) tune only over tiles a GPU has checked. The wrong tile an H200 showed
     (below) was wrong for strided reads alone, and the one-read kernel's wrong copy was a strided one too; rows
-    tune over every tile."""
+    tune over every tile. The interpreter's own tile (exact there, never launched on a GPU) stays."""
     return configs if named_args["s_k"] == 1 or configs == [INTERPRETER_TILE] else [c for c in configs
                                                                                    if c in H200_CHECKED]
 
@@ -79,7 +78,7 @@ KEY_ARGS = ["k1", "k2"]
 
 def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
     """The tile kernels' autotuned tiles: ``gpu``, or in the interpreter ``INTERPRETER_TILE`` alone."""
-    return [INTERPRETER_TILE] if os.environ.get("TRITON_INTERPRET") == "1" else gpu
+    return [INTERPRETER_TILE] if interpreting() else gpu
 
 
 @triton.jit
@@ -395,7 +394,7 @@ def nvfp4_amax(m: torch.Tensor, mt: torch.Tensor, rht: bool) -> torch.Tensor:
 
 def amax_tile() -> dict[str, int]:
     """The amax passes' tile: AMAX_R x BLOCK_K, or in the interpreter ``INTERPRETER_TILE``'s (fewer programs)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return dict(INTERPRETER_TILE.kwargs)
     return {"BR": AMAX_R, "BK": BLOCK_K}
 

@@ -16,13 +16,11 @@ and the rounding in registers: no fp32 product in memory. Which of the two is fa
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, interpreting
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
 from autoprec.kernels.scaled_mm_triton import (
     apply_tensor_scales,
@@ -89,7 +87,7 @@ def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
     if op.kind == KIND_BF16:
         return op.codes
     (codes, scales, _), meta = kernel_args(op)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = interpreting()
     out = torch.empty(op.rows, op.k, device=codes.device, dtype=torch.float32 if interpret else torch.bfloat16)
     grid = (cdiv(op.rows, DECODE_R), cdiv(op.k, DECODE_K))
     check = flag is not None and op.kind == KIND_MXFP8

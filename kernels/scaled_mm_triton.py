@@ -8,13 +8,11 @@ bfloat16). ``tl.dot_scaled`` is not used: no Blackwell part was available to ver
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, interpreting
 from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
 from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 
@@ -27,7 +25,7 @@ GROUP_M = tl.constexpr(8)  # output tile rows a band of programs covers (``group
 
 def bf16_dot() -> int:
     """The tensor-core dot, or in the interpreter (whose dot reads bf16 as integers) the same values in fp32."""
-    return DOT_BF16_IN_FP32 if os.environ.get("TRITON_INTERPRET") == "1" else DOT_BF16
+    return DOT_BF16_IN_FP32 if interpreting() else DOT_BF16
 
 
 @triton.jit
