@@ -29,6 +29,7 @@ import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 
 from autoprec.cost import device_note
 from autoprec.inner_compiles import compile_once
@@ -343,16 +344,34 @@ def _with_step_input(gm: fx.GraphModule, example_inputs: list,
     return fx.GraphModule(gm, graph), [*example_inputs, value]
 
 
+def _backend_fakes(example_inputs: list, context: torch._guards.TracingContext | None) -> list:
+    """Dynamo's example inputs (real tensors) as fakes of the backend's fake mode, made as AOTAutograd makes
+    them: a tensor dynamo fakified keeps its symbolic context, so its symbolic sizes stay symbolic and a
+    dynamic Python float (``dynamic=True`` passes one as a 0-d tensor the graph reads with ``.item()``) keeps
+    its symbol. (Dynamo's own fakes, the placeholders' ``example_value``, belong to its tracing fake mode, which
+    AOTAutograd does not trace in; refakified there, a float's tensor loses its symbol and ``.item()`` fails.)
+    Outside dynamo, or given fakes, the inputs as they are."""
+    if context is None or context.fake_mode is None:
+        return list(example_inputs)
+
+    def fake(x):
+        if not isinstance(x, torch.Tensor) or isinstance(x, FakeTensor):
+            return x
+        symbolic = context.tensor_to_context.get(x)
+        return context.fake_mode.from_tensor(x, symbolic_context=symbolic,
+                                             source=symbolic.tensor_source if symbolic is not None else None)
+
+    return [fake(x) for x in example_inputs]
+
+
 class CompiledGraph:
     """The callable handed back to dynamo: one compiled variant per set of parameter objects."""
 
     def __init__(self, gm: fx.GraphModule, opts: CompileOptions, example_inputs: list) -> None:
         self.opts = opts
         self.tracing_context = torch._guards.TracingContext.try_get()
-        phs = gm.graph.find_nodes(op="placeholder")
-        self.sources = [_source_name(n) for n in phs]
-        fakes = [n.meta.get("example_value") for n in phs]
-        inputs = fakes if all(f is not None for f in fakes) else list(example_inputs)
+        self.sources = [_source_name(n) for n in gm.graph.find_nodes(op="placeholder")]
+        inputs = _backend_fakes(example_inputs, self.tracing_context)
         # the call counter lives where the graph computes: GPU kernels read it there (and a CUDA graph can
         # capture a step that reads it), CPU ones read it as a number
         self.step_device = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"),

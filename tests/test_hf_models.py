@@ -40,10 +40,15 @@ def test_gpt2_overrides_and_plan_file_by_module_path(tmp_path):
 
 
 def test_gpt2_dynamic_shapes():
+    """Every GEMM planned, the head and attention too: their frames read GPT-2's float attributes (dropout p,
+    epsilons), which ``dynamic=True`` passes as tensors."""
     c = torch.compile(gpt2(), backend="autoprec", dynamic=True, options={"recipe": "mxfp8"})
     steps(c, batches=(2, 3, 4))
     plan = autoprec.plan(c)
     assert plan.flop_share().get("mxfp8", 0) > 0.5 and len({d.key for d in plan.decisions}) == len(plan.decisions)
+    layers = [f"transformer.h.{i}.{m}" for i in (0, 1) for m in ("attn", "attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                                     "mlp.c_proj")]
+    assert {d.module for d in plan.decisions} == {"lm_head", *layers}
 
 
 @pytest.mark.parametrize("model", ["gpt2", "mixtral"])

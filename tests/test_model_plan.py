@@ -180,6 +180,29 @@ def test_dynamic_and_mode(how):
         assert any("mode='max-autotune-no-cudagraphs'" in n for n in plan.notes)
 
 
+class ScaledLinear(torch.nn.Module):
+    """A GEMM whose output is scaled by a Python float attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.scale = torch.nn.Linear(64, 64), 0.5
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+def test_dynamic_shapes_plan_a_model_that_reads_a_float_attribute():
+    """Under ``dynamic=True`` dynamo passes a float attribute as a 0-d tensor the graph reads with ``.item()``;
+    the backend plans the graph (it used to fail the frame, which dynamo then ran eager and unplanned). (The
+    wgrad's K, the batch, is dynamic: BF16, as the plan says.)"""
+    torch.manual_seed(0)
+    c = torch.compile(ScaledLinear(), backend="autoprec", dynamic=True, options={"recipe": "mxfp8"})
+    for batch in (2, 3):
+        c(torch.randn(batch, 64)).sum().backward()
+    assert {(d.module, d.role.value, d.fmt) for d in autoprec.plan(c).decisions} == {("fc", "fprop", "mxfp8"),
+                                                                                   ("fc", "wgrad", "bf16")}
+
+
 class WithEvalHead(torch.nn.Module):
     """A model whose eval path runs a GEMM that training never does."""
 
