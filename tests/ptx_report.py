@@ -7,7 +7,8 @@ K-grouped operands as a launch specializes them, beside the tile kernels on the 
 quantizers as a launch specializes them, with their SASS instruction counts). Run in a process without
 TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process
 per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles each
-autotuned quantizer at its first tile alone, and for sm_100 each quantizer kernel once (``jobs``)."""
+autotuned quantizer at its first tile alone, the one-read quantizers only as a launch specializes them, and for
+sm_100 each quantizer kernel once (``jobs``)."""
 from __future__ import annotations
 
 import functools
@@ -191,8 +192,9 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
 
 
 def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, dict]]:
-    """The one-read row + column quantizers at every autotuned tile (SR and RHT on both copies), and as a launch
-    specializes them, beside the rowwise kernel such a launch replaces."""
+    """The one-read row + column quantizers as a launch specializes them, at every autotuned tile (the quick
+    report: the first), and in the full report with SR and RHT on both copies too; beside them the rowwise kernel
+    such a launch replaces."""
     head = {"x_ptr": "*fp32", "m_ptr": "*fp32", "R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32"}
 
     def side(s: str, nvfp4: bool) -> dict:
@@ -216,7 +218,8 @@ def dual_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, di
             tag = tile_tag(cfg)
             out.append((f"dual_launch_{fmt}_{tag}", kernel.fn, sig | {"x_ptr": "*bf16"},
                         extra | tile | gradient | {"RHT_B": fmt == "nvfp4"}, opts | {LAUNCH_ALIGNED: True}))
-            out.append((f"quantize_dual_{fmt}_{tag}", kernel.fn, sig, extra | tile | flags, opts))
+            if full:  # the launch above compiles the same kernel; this, each flag on (RHT on the rowwise copy too)
+                out.append((f"quantize_dual_{fmt}_{tag}", kernel.fn, sig, extra | tile | flags, opts))
             if fmt == "nvfp4":
                 out.append((f"quantize_dual_amax_{tag}", qd._amax2_kernel.fn, amax, tile | {"RHT_A": True,
                                                                                            "RHT_B": True}, opts))
