@@ -128,8 +128,8 @@ class _Variant:
         return self.compiled()(*args, step)
 
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
-        """AOTAutograd on dynamo's fake example inputs, inside dynamo's tracing context, so symbolic
-        sizes stay symbolic even when this runs at a later call."""
+        """AOTAutograd on fakes of dynamo's example inputs (``_backend_fakes``), inside dynamo's tracing context,
+        so symbolic sizes stay symbolic even when this runs at a later call."""
         if compiler == self._interpreter:
             bw = lambda g, ex: compiler(g, ex, on_end=self._end_run)  # noqa: E731
         else:
