@@ -199,8 +199,10 @@ def test_dynamic_shapes_plan_a_model_that_reads_a_float_attribute():
     c = torch.compile(ScaledLinear(), backend="autoprec", dynamic=True, options={"recipe": "mxfp8"})
     for batch in (2, 3):
         c(torch.randn(batch, 64)).sum().backward()
-    assert {(d.module, d.role.value, d.fmt) for d in autoprec.plan(c).decisions} == {("fc", "fprop", "mxfp8"),
-                                                                                   ("fc", "wgrad", "bf16")}
+    decisions = autoprec.plan(c).decisions
+    assert {(d.module, d.role.value, d.fmt) for d in decisions} == {("fc", "fprop", "mxfp8"), ("fc", "wgrad", "bf16")}
+    wgrad = next(d for d in decisions if d.role.value == "wgrad")
+    assert "is dynamic and not provably a multiple of the mxfp8 block 32" in wgrad.reason
 
 
 class WithEvalHead(torch.nn.Module):
