@@ -13,6 +13,8 @@ import inspect
 
 import triton
 
+from autoprec.kernels.launch import interpreting
+
 WARMUP_MS, REP_MS = 5, 20
 _TAKES = inspect.signature(triton.autotune).parameters
 
@@ -24,7 +26,9 @@ def short_bench(fn, quantiles=None):
     return triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, quantiles=quantiles)
 
 
-def autotune(configs: list[triton.Config], key: list[str], **kwargs):
-    """``triton.autotune`` with ``short_bench`` and disk-cached results, where this Triton takes them (3.2 on)."""
+def autotune(configs: list[triton.Config], interpreter: triton.Config, key: list[str], **kwargs):
+    """``triton.autotune`` over ``configs`` (in the interpreter ``interpreter`` alone: its cost is per program,
+    not bound by a GPU's registers), with ``short_bench`` and disk-cached results where this Triton takes them
+    (3.2 on)."""
     extra = {name: value for name, value in (("do_bench", short_bench), ("cache_results", True)) if name in _TAKES}
-    return triton.autotune(configs=configs, key=key, **kwargs, **extra)
+    return triton.autotune(configs=[interpreter] if interpreting() else configs, key=key, **kwargs, **extra)

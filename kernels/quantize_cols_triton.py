@@ -22,7 +22,7 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
-from autoprec.kernels.launch import cdiv, interpreting
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import encode_float8, pow2, round_and_encode, sr_hash_bits, step_stream_keys
 from autoprec.kernels.quantize_triton import (
     AMAX_PROGRAMS,
@@ -45,11 +45,6 @@ MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w 
 # the GPU's 256 x 32).
 INTERPRETER_TILE = triton.Config({"BR": 256, "BK": 128}, num_warps=8)
 AMAX_CONFIG = {"BR": 256, "BK": 32}  # the RHT amax pass's tile (4 warps: 32 elements per thread)
-
-
-def tiles(gpu: list[triton.Config]) -> list[triton.Config]:
-    """The slice kernels' autotuned tiles: ``gpu``, or in the interpreter ``INTERPRETER_TILE`` alone."""
-    return [INTERPRETER_TILE] if interpreting() else gpu
 
 
 @triton.jit
@@ -199,7 +194,7 @@ def _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR: tl.constexpr, HASH: tl.c
     return a, b, idx
 
 
-@autotune(tiles(NVFP4_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@autotune(NVFP4_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_r", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _nvfp4_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
                        r_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
@@ -220,7 +215,7 @@ def nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, ama
                        c0, K, codes_ptr, scales_ptr, SR, HASH, False)
 
 
-@autotune(tiles(MXFP8_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_r", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _mxfp8_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,

@@ -23,7 +23,7 @@ from autoprec.kernels.block_scales_triton import atomic_max_bits
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_cols_triton import mxfp8_slices_tile, nvfp4_slices_tile, slices_amax
 from autoprec.kernels.quantize_triton import (
-    _configs,
+    INTERPRETER_TILE,
     _index_strides,
     _rht_operand,
     hashed_stream,
@@ -43,7 +43,7 @@ MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w 
 DUAL_KEY_ARGS = ["k1_a", "k2_a", "k1_b", "k2_b"]  # SR keys: scalars, never specialized (quantize_triton.KEY_ARGS)
 
 
-@autotune(_configs(NVFP4_CONFIGS), ["R", "K"])
+@autotune(NVFP4_CONFIGS, INTERPRETER_TILE, ["R", "K"])
 @triton.jit
 def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr,
                   RHT_B: tl.constexpr):
@@ -58,7 +58,7 @@ def _amax2_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, BR: tl.constexpr, BK: 
     atomic_max_bits(amax_ptr + 1, b)
 
 
-@autotune(_configs(NVFP4_CONFIGS), ["R", "K"])
+@autotune(NVFP4_CONFIGS, INTERPRETER_TILE, ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, step_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
@@ -72,7 +72,7 @@ def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                       pid_k, pid_r, BK, BR, RHT_B, SR_B, HASH_B)
 
 
-@autotune(_configs(MXFP8_CONFIGS), ["R", "K"])
+@autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K"])
 @triton.jit(do_not_specialize=DUAL_KEY_ARGS)
 def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, step_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, step_b, codes_b, scales_b,

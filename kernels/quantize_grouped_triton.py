@@ -30,9 +30,9 @@ from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
     H200_CHECKED,
+    INTERPRETER_TILE,
     KEY_ARGS,
     MXFP8_GPU_CONFIGS,
-    _configs,
     _load_tile,
     _rht_operand,
     amax_tile,
@@ -104,7 +104,7 @@ def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.cons
     return g, rows - start, k1, k2
 
 
-@autotune(_configs(NVFP4_CONFIGS), ["R", "K", "s_k", "RHT", "SR"])
+@autotune(NVFP4_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                           R, K, KL, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
@@ -124,7 +124,7 @@ def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
         tl.store(ts_ptr + e, s_dec, mask=e < E)
 
 
-@autotune(_configs(MXFP8_CONFIGS), ["R", "K", "s_k", "RHT", "SR"])
+@autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, E,
                           EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
@@ -190,7 +190,7 @@ def _batch_item(x_ptr, seed, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b, SR
     return item, x_ptr + at * s_b, codes_ptr + at * c_b, scales_ptr + at * sc_b, k1, k2
 
 
-@autotune(_configs(NVFP4_CONFIGS), ["R", "K", "s_k", "RHT", "SR", "TILE2D"])
+@autotune(NVFP4_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR", "TILE2D"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k, s_b,
                         r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
@@ -206,7 +206,7 @@ def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_
                        r_r, r_k, codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
 
 
-@autotune(_configs(MXFP8_CONFIGS), ["R", "K", "s_k", "RHT", "SR"])
+@autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k, c_b,
                         sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
@@ -235,7 +235,7 @@ def _batch_slices(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r,
     return item, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys
 
 
-@autotune(qc.tiles(qc.NVFP4_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@autotune(qc.NVFP4_CONFIGS, qc.INTERPRETER_TILE, ["R", "K", "s_r", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k,
                              s_b, r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
@@ -248,7 +248,7 @@ def _nvfp4_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, 
                           a, b, idx, r_k, rows, R, c0, KL, c0, K, codes_ptr, scales_ptr, SR, 1, False)
 
 
-@autotune(qc.tiles(qc.MXFP8_CONFIGS), ["R", "K", "s_r", "RHT", "SR"])
+@autotune(qc.MXFP8_CONFIGS, qc.INTERPRETER_TILE, ["R", "K", "s_r", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k,
                              c_b, sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,

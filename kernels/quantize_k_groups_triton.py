@@ -29,8 +29,8 @@ from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
+    INTERPRETER_TILE,
     KEY_ARGS,
-    _configs,
     _load_tile,
     _rht_operand,
     amax_tile,
@@ -85,7 +85,7 @@ def _sr_keys(seed, g, step_ptr, n, r_r, BLOCK: tl.constexpr, GROUP_ROWS: tl.cons
     return k1, k2, r_r
 
 
-@autotune(_configs(NVFP4_CONFIGS), ["R", "KP", "s_k", "RHT", "SR"])
+@autotune(NVFP4_CONFIGS, INTERPRETER_TILE, ["R", "KP", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                            R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
@@ -102,7 +102,7 @@ def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
     _store_group_decode_scales(amax_ptr, ts_ptr, E, EP)
 
 
-@autotune(_configs(MXFP8_CONFIGS), ["R", "KP", "s_k", "RHT", "SR"])
+@autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "KP", "s_k", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
                            R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,
@@ -147,7 +147,7 @@ def _store_group_decode_scales(amax_ptr, ts_ptr, E, EP: tl.constexpr):
         tl.store(ts_ptr + e, s_dec, mask=e < E)
 
 
-@autotune(qc.tiles(qc.NVFP4_CONFIGS), ["R", "KP", "s_r", "RHT", "SR"])
+@autotune(qc.NVFP4_CONFIGS, qc.INTERPRETER_TILE, ["R", "KP", "s_r", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr,
                                 ts_ptr, R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr,
@@ -161,7 +161,7 @@ def _nvfp4_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, 
     _store_group_decode_scales(amax_ptr, ts_ptr, E, EP)
 
 
-@autotune(qc.tiles(qc.MXFP8_CONFIGS), ["R", "KP", "s_r", "RHT", "SR"])
+@autotune(qc.MXFP8_CONFIGS, qc.INTERPRETER_TILE, ["R", "KP", "s_r", "RHT", "SR"])
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
                                 R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,

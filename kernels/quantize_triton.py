@@ -76,11 +76,6 @@ MXFP8_GPU_CONFIGS = CONFIGS[1:]
 KEY_ARGS = ["k1", "k2"]
 
 
-def _configs(gpu: list[triton.Config]) -> list[triton.Config]:
-    """The tile kernels' autotuned tiles: ``gpu``, or in the interpreter ``INTERPRETER_TILE`` alone."""
-    return [INTERPRETER_TILE] if interpreting() else gpu
-
-
 @triton.jit
 def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """A [BR, BK/16, 16] fp32 tile of the (R, K) view; with RHT each 16-group is multiplied by
@@ -150,7 +145,7 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
     return tl.max(tl.max(tl.max(tl.where(a < float("inf"), a, 0.0), 2), 1), 0)
 
 
-@autotune(_configs(CONFIGS), ["R", "K", "s_k", "RHT", "SR", "TILE2D"],
+@autotune(CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR", "TILE2D"],
                  prune_configs_by={"early_config_prune": _strided_reads_keep_checked_tiles})
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
@@ -217,7 +212,7 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     tl.store(codes_ptr + rows.to(tl.int64)[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
 
 
-@autotune(_configs(MXFP8_GPU_CONFIGS), ["R", "K", "s_k", "RHT", "SR"],
+@autotune(MXFP8_GPU_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR"],
                  prune_configs_by={"early_config_prune": _strided_reads_keep_checked_tiles})
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
