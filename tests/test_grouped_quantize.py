@@ -4,7 +4,7 @@ GEMM, alone and in a compiled MoE block, runs through them."""
 import pytest
 import torch
 
-from helpers import bits_equal, case_ids, edge_tensor, force_tile, record_runs, slice_tile_cases, tile_id
+from helpers import bits_equal, edge_tensor, force_tile, record_runs, slice_tile_cases, tile_sweep
 
 triton = pytest.importorskip("triton")
 
@@ -199,7 +199,7 @@ def test_pad_k_quantizes_as_the_zero_padded_copy(monkeypatch, fmt, rht):
             assert g.tensor_scales is None or bits_equal(g.tensor_scales.cpu(), want.tensor_scales.cpu())
 
 
-@pytest.mark.parametrize("config", quantize_grouped_triton.NVFP4_CONFIGS, ids=tile_id)
+@pytest.mark.parametrize("config", tile_sweep(quantize_grouped_triton.NVFP4_CONFIGS))
 def test_every_grouped_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the token-group and batch tile kernels (the interpreter runs the first alone),
     SR with RHT: token groups against each group alone, and batch items (a view with unit stride along K, which
@@ -217,10 +217,7 @@ def test_every_grouped_tile_matches_reference(monkeypatch, config):
         check_padded_batch(monkeypatch, fmt, contiguous=False)
 
 
-BATCH_SLICE_TILES = slice_tile_cases()
-
-
-@pytest.mark.parametrize("fmt,config", BATCH_SLICE_TILES, ids=case_ids(BATCH_SLICE_TILES))
+@pytest.mark.parametrize("fmt,config", tile_sweep(slice_tile_cases()))
 def test_every_batch_slice_tile_matches_reference(monkeypatch, fmt, config):
     """Batch items blocked down a strided dim (stored (E, K, M), unit stride along M) take the slice kernels: each
     of their GPU tiles forced, SR with RHT (NVFP4's amax pass in slices too), K (40) padded in the kernel, against

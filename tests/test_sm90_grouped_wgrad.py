@@ -18,7 +18,7 @@ from autoprec.kernels.operand import Operand
 from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
 from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
 
-from helpers import bits_equal, edge_tensor, force_tile, pairwise, record_runs, tile_id
+from helpers import bits_equal, edge_tensor, force_tile, pairwise, record_runs, tile_id, tile_sweep
 from test_no_host_sync import HostReads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,7 +53,7 @@ def test_k_grouped_quantizer_equals_each_padded_group_alone(fmt, axis, seed, rht
     check_k_grouped(fmt, axis, seed, rht)
 
 
-@pytest.mark.parametrize("config", k_groups.NVFP4_CONFIGS, ids=tile_id)
+@pytest.mark.parametrize("config", tile_sweep(k_groups.NVFP4_CONFIGS))
 def test_every_k_grouped_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick for the K-grouped tile kernels (the interpreter runs the first alone): the left
     operand, whose tokens they read (the right one's take the slice kernels, below), SR with the RHT; on a GPU,

@@ -4,13 +4,13 @@ import torch
 
 from helpers import (
     assert_same,
-    case_ids,
     edge_tensor,
     force_one_read_tile,
     force_tile,
     one_read_tile_cases,
     record_calls,
-    tile_id,
+    slice_tile_cases,
+    tile_sweep,
 )
 
 triton = pytest.importorskip("triton")
@@ -50,7 +50,7 @@ def test_quantize_matches_reference(fmt, axis, sr, rht):
     check(edge_tensor(64, 96), fmt, axis, sr, rht)
 
 
-@pytest.mark.parametrize("config", qt.CONFIGS, ids=tile_id)
+@pytest.mark.parametrize("config", tile_sweep(qt.CONFIGS))
 def test_every_autotuned_tile_matches_reference(monkeypatch, config):
     """Each tile a GPU may pick (the interpreter runs the first alone): partial tiles in both dims (96 x 160),
     rows, hashed SR with RHT, NVFP4's 16x16 tiles (rows and columns: column copies in 16x16 tiles stay with these
@@ -64,12 +64,7 @@ def test_every_autotuned_tile_matches_reference(monkeypatch, config):
         check(x, "nvfp4", axis, True, False, tile2d=True)
 
 
-COLUMN_TILES = [pytest.param(fmt, c, id=f"{fmt}-{tile_id(c)}", marks=[pytest.mark.slow] if i else [])
-                for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS))
-                for i, c in enumerate(configs)]
-
-
-@pytest.mark.parametrize("fmt,config", COLUMN_TILES)
+@pytest.mark.parametrize("fmt,config", tile_sweep(slice_tile_cases()))
 def test_every_column_tile_matches_reference(monkeypatch, fmt, config):
     """Column copies (blocks down a strided dim) go to the slice kernels: each of their GPU tiles forced (the
     first of each format in the default run, the rest slow: every other test runs the interpreter's tile), on partial
@@ -253,10 +248,7 @@ def test_dual_quantizer_writes_both_copies_of_the_references(fmt, shape, sides):
     assert_same(cols, _reference_copy(x, fmt, 0, sides[1]))
 
 
-DUAL_TILE_CASES = one_read_tile_cases()
-
-
-@pytest.mark.parametrize("fmt,config", DUAL_TILE_CASES, ids=case_ids(DUAL_TILE_CASES))
+@pytest.mark.parametrize("fmt,config", tile_sweep(one_read_tile_cases()))
 def test_every_dual_tile_matches_reference(monkeypatch, fmt, config):
     """Each tile a GPU may pick for the one-read kernels (the interpreter runs the first alone), tiles overhanging
     the tensor: both copies of a gradient (SR both ways, RHT and a transposed source on the columnwise one)."""
