@@ -29,7 +29,6 @@ CASES = [
     ((9, 0), "nvfp4", "3d3d", K, False, BF16, "experts", "decoded_grouped", None),  # items as equal token groups
     ((9, 0), "mxfp8", "3d3d", 40, False, BF16, "experts", "decoded_grouped", None),  # zero-padded to 64
     ((9, 0), "nvfp4", "2d3d", K, False, torch.float16, "experts", "decoded_grouped", None),  # fp32, rounded once
-    ((9, 0), "mxfp8", "2d2d", K, False, torch.float16, "wgrad", "decoded_grouped", None),
     ((9, 0), "bf16", "2d3d", K, False, BF16, "torch", None, None),
     ((9, 0), "bf16", "2d2d", K, False, FP32, "triton_bf16", None, None),  # an output torch's kernel does not write
     ((9, 0), "bf16", "2d3d", K, False, torch.float16, "triton_bf16", None, None),
@@ -42,6 +41,12 @@ CASES = [
     ((10, 0), "mxfp8_e5m2", "2d3d", K, False, BF16, "experts", "decoded_grouped", None),
     ((12, 0), "nvfp4", "2d3d", K, False, BF16, "experts", "decoded_grouped", None),  # torch's grouped GEMM refuses
 ]
+# slow: the interpreter runs an MXFP8 wgrad's K-grouped slice quantizers for 14 s; the default run's has fp32 out
+SLOW_CASES = [((9, 0), "mxfp8", "2d2d", K, False, torch.float16, "wgrad", "decoded_grouped", None)]
+
+
+def case_id(c: tuple) -> str:
+    return f"sm{c[0][0]}{c[0][1]}-{c[1]}-{c[2]}-k{c[3]}{'-16x16' if c[4] else ''}-{str(c[5])[6:]}"
 
 
 def operands(layout: str, k: int):
@@ -74,9 +79,9 @@ def run_as_gpu(monkeypatch, capability, fmt, layout, k, tile2d_b, out_dtype):
     return route, rec.found, [(name, given[4]) for name, given in calls]  # both take the path 5th
 
 
-@pytest.mark.parametrize("capability,fmt,layout,k,tile2d_b,out_dtype,kind,path,read", CASES,
-                         ids=[f"sm{c[0][0]}{c[0][1]}-{c[1]}-{c[2]}-k{c[3]}{'-16x16' if c[4] else ''}-"
-                              f"{str(c[5])[6:]}" for c in CASES])
+@pytest.mark.parametrize("capability,fmt,layout,k,tile2d_b,out_dtype,kind,path,read",
+                         [pytest.param(*c, id=case_id(c)) for c in CASES]
+                         + [pytest.param(*c, id=case_id(c), marks=pytest.mark.slow) for c in SLOW_CASES])
 def test_sm90_sm100_grouped_mm_reads_the_host_exactly_where_its_route_says(monkeypatch, capability, fmt, layout, k,
                                                                           tile2d_b, out_dtype, kind, path, read):
     route, found, ran = run_as_gpu(monkeypatch, capability, fmt, layout, k, tile2d_b, out_dtype)
