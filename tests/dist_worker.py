@@ -1,7 +1,8 @@
 """A 2-rank training run on CPU (gloo) for the distributed tests: DDP (of the GPT, or of its MoE variant)
 or FSDP2 (of the model, of each block too, or of each block compiled on its own as torchtitan does), recipe
 auto, each rank on its own data. Each rank saves its plan rows, its plan's eager list
-and its final parameters."""
+and its final parameters. One pair of processes runs every mode asked for, one after the other (dynamo reset
+between them): a process's start and first compile cost more than a mode's run."""
 from __future__ import annotations
 
 import os
@@ -12,10 +13,18 @@ import torch.distributed as dist
 from gpt_model import TinyGPT, tokens
 
 
-def worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
+def worker(rank: int, world: int, port: int, modes: list[str], out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    for mode in modes:
+        torch._dynamo.reset()
+        train(rank, mode, out)
+    dist.destroy_process_group()
+
+
+def train(rank: int, mode: str, out: str) -> None:
+    """Three steps of ``mode``; saves this rank's plan rows, eager list, notes and parameters."""
     import autoprec
 
     torch.manual_seed(0)
@@ -45,4 +54,3 @@ def worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     rows = [(d.key, d.fmt, d.rounding, d.rht, d.tile2d, d.err, d.group_tokens) for d in plan.decisions]
     torch.save({"rows": rows, "params": params, "eager": plan.not_compiled, "notes": plan.notes},
                f"{out}/{mode}{rank}.pt")
-    dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """Two CPU ranks (gloo) train with recipe auto on different data: calibration is merged across ranks,
 so both run the identical plan and end with identical parameters, under DDP and FSDP2."""
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,14 +18,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(mode: str, tmp_path) -> tuple[dict, dict]:
-    mp.spawn(worker, args=(2, free_port(), mode, str(tmp_path)), nprocs=2)
-    return torch.load(tmp_path / f"{mode}0.pt"), torch.load(tmp_path / f"{mode}1.pt")
+MODES = ["ddp", "fsdp", "fsdp_blocks", "fsdp_regional", "ddp_moe"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Every mode's run, by one pair of rank processes (started once: a start costs more than a run)."""
+    out = tmp_path_factory.mktemp("ranks")
+    mp.spawn(worker, args=(2, free_port(), MODES, str(out)), nprocs=2)
+    return out
+
+
+@pytest.fixture
+def run(runs):
+    """The two ranks' saved results of a mode."""
+    return lambda mode: (torch.load(runs / f"{mode}0.pt"), torch.load(runs / f"{mode}1.pt"))
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_ranks_run_one_plan(mode, tmp_path):
-    a, b = run(mode, tmp_path)
+def test_ranks_run_one_plan(mode, run):
+    a, b = run(mode)
     assert len(a["rows"]) == 39 and a["rows"] == b["rows"]  # the merged measurements, bit for bit
     assert {r[1] for r in a["rows"]} >= {"nvfp4"}
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
@@ -33,29 +46,29 @@ def test_ranks_run_one_plan(mode, tmp_path):
     assert a["eager"] == []
 
 
-def test_fsdp_per_block_sharding(tmp_path):
+def test_fsdp_per_block_sharding(run):
     """FSDP2 hooks on every block make dynamo skip the root frame: the blocks are planned (found by module
     path while their parameters are unsharded), and the plan names the root's modules as eager, with why."""
-    a, b = run("fsdp_blocks", tmp_path)
+    a, b = run("fsdp_blocks")
     assert a["rows"] == b["rows"] and len(a["rows"]) == 36
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
     assert a["eager"] == ["wte", "wpe", "lm_head"] and any("frame skipped" in n for n in a["notes"])
 
 
-def test_fsdp_sharded_blocks_compiled_on_their_own_share_one_plan(tmp_path):
+def test_fsdp_sharded_blocks_compiled_on_their_own_share_one_plan(run):
     """torchtitan's setup: each block compiled alone, then sharded, the model sharded, nothing else compiled.
     The ranks merge every block's measurements into one plan of the model, named from it."""
-    a, b = run("fsdp_regional", tmp_path)
+    a, b = run("fsdp_regional")
     assert a["rows"] == b["rows"] and len(a["rows"]) == 36
     assert {r[0][0] for r in a["rows"]} >= {"blocks.0.attn.qkv", "blocks.1.mlp.fc2"}
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
     assert a["eager"] == ["wte", "wpe", "lm_head"] and any("regional compilation" in n for n in a["notes"])
 
 
-def test_moe_ranks_share_token_counts(tmp_path):
+def test_moe_ranks_share_token_counts(run):
     """Each rank routes its own tokens: the per-expert counts the cost model uses are merged like the
     scores, so both ranks cost, solve and run the same plan."""
-    a, b = run("ddp_moe", tmp_path)
+    a, b = run("ddp_moe")
     assert a["rows"] == b["rows"] and all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
     tokens = [r[6] for r in a["rows"] if r[6] is not None]
     assert tokens and all(sum(t) == 2 * 64 for t in tokens)  # 4 x 16 tokens, top-2, averaged over the ranks
