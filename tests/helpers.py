@@ -139,15 +139,14 @@ def pairwise(*axes: dict[str, object]) -> list:
 
 
 def tile_sweep(cases: list) -> list:
-    """pytest params of an interpreter tile sweep over ``cases`` (tile configs, or (format, config) pairs): each
-    format's first tile in the default run, the others slow. Forcing a GPU tile in the interpreter costs seconds
-    per tile; the default run's other tests run the interpreter's own tile, and a GPU forces every tile
-    (test_gpu_quantize.py)."""
-    params, seen = [], set()
+    """pytest params of a tile sweep over ``cases`` (tile configs, or (format, config) pairs): on a CUDA GPU every
+    tile; in the interpreter each format's first tile in the default run, the others slow (forcing a GPU tile there
+    costs seconds per tile, and the default run's other tests run the interpreter's own tile)."""
+    interpreted, params, seen = not torch.cuda.is_available(), [], set()
     for case in cases:
         fmt, config = case if isinstance(case, tuple) else (None, case)
         name = f"{fmt}-{tile_id(config)}" if fmt else tile_id(config)
-        marks = [pytest.mark.slow] if fmt in seen else []
+        marks = [pytest.mark.slow] if interpreted and fmt in seen else []
         params.append(pytest.param(*(case if fmt else (case,)), id=name, marks=marks))
         seen.add(fmt)
     return params

@@ -3,6 +3,7 @@ helpers.tile_sweep: an interpreter tile sweep runs each format's first tile by d
 import itertools
 
 import pytest
+import torch
 
 from helpers import pairwise, tile_sweep
 
@@ -25,11 +26,15 @@ def test_one_axis_runs_every_value():
     assert [(p.id, p.values, list(p.marks)) for p in pairwise({"a": 1, "b": 2})] == [("a", (1,), []), ("b", (2,), [])]
 
 
-def test_tile_sweeps_run_each_formats_first_tile_by_default():
+def test_tile_sweeps_run_each_formats_first_tile_by_default(monkeypatch):
+    """In the interpreter each format's first tile runs by default, the rest slow; on a CUDA GPU every tile."""
     a, b, c = (triton.Config({"BR": br, "BK": 16}, num_warps=4) for br in (16, 32, 64))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     plain = tile_sweep([a, b])
     assert [(p.id, p.values, [m.name for m in p.marks]) for p in plain] == [("16x16w4", (a,), []),
                                                                            ("32x16w4", (b,), ["slow"])]
     paired = tile_sweep([("nvfp4", a), ("nvfp4", b), ("mxfp8", c)])
     assert [(p.id, [m.name for m in p.marks]) for p in paired] == [("nvfp4-16x16w4", []), ("nvfp4-32x16w4", ["slow"]),
                                                                    ("mxfp8-64x16w4", [])]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert [list(p.marks) for p in tile_sweep([("nvfp4", a), ("nvfp4", b)])] == [[], []]
