@@ -210,7 +210,7 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
         if sliced and rht:
-            cfg = qc.AMAX_CONFIG
+            cfg = qc.rht_amax_tile()
             _k_groups_amax_rht_cols_kernel[(cdiv(n_rows, cfg["BR"]), kp // cfg["BK"])](
                 m, mt, offs, ends, amax, n_rows, tokens, m.stride(0), m.stride(1), groups, EP=ep, **cfg)
         else:

@@ -37,7 +37,7 @@ from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
 
 BLOCK_R = 16  # the first config of the quantize kernels
 BLOCK_K = 64
-AMAX_R = 64  # the amax pass's tile is AMAX_R x BLOCK_K (32 elements per thread) ...
+AMAX_TILE = {"BR": 64, "BK": BLOCK_K}  # the amax passes' tile on a GPU (4 warps: 32 elements per thread) ...
 AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping over tiles
 # (BR, BK, warps) the quantize kernels are autotuned over on a GPU (tests/ptx_report.py compiles every config
 # and checks registers). The first three give each thread 8 elements; the last three 32, which spreads each
@@ -388,10 +388,8 @@ def nvfp4_amax(m: torch.Tensor, mt: torch.Tensor, rht: bool) -> torch.Tensor:
 
 
 def amax_tile() -> dict[str, int]:
-    """The amax passes' tile: AMAX_R x BLOCK_K, or in the interpreter ``INTERPRETER_TILE``'s (fewer programs)."""
-    if interpreting():
-        return dict(INTERPRETER_TILE.kwargs)
-    return {"BR": AMAX_R, "BK": BLOCK_K}
+    """The amax passes' tile: ``AMAX_TILE``, or in the interpreter ``INTERPRETER_TILE``'s (fewer programs)."""
+    return dict(INTERPRETER_TILE.kwargs) if interpreting() else AMAX_TILE
 
 
 def launch_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],

@@ -145,7 +145,7 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
                     QUANT_BLOCKS | mx | tile | {"HASH": True}, opts))
     amax = {"x_ptr": "*fp32", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32", "s_b": "i32"}
-    out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS | {"BR": qt.AMAX_R}, {}))
+    out.append(("quantize_amax", qt._amax_kernel, amax, QUANT_BLOCKS | qt.AMAX_TILE, {}))
     # the fprop case as a launch compiles it: rows of a row-major bf16 tensor (unit stride, a constant 1 in
     # Triton's specialization), aligned pointers, round-to-nearest
     rows = {"BR": qt.BLOCK_R, "BK": qt.BLOCK_K, "RHT": False, "SR": False, "HASH": False, "s_k": 1, "r_k": 1}
@@ -184,10 +184,10 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
                         flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32", "s_b": "i32"}
-    out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.AMAX_CONFIG,
+    out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.RHT_AMAX_TILE,
                 {LAUNCH_ALIGNED: True}))
     out.append(("tile_cols_quantize_amax_rht_launch", qt._amax_kernel, amax,
-                {"s_r": 1, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {LAUNCH_ALIGNED: True}))
+                {"s_r": 1, "RHT": True} | qt.AMAX_TILE, {LAUNCH_ALIGNED: True}))
     return out
 
 
@@ -248,7 +248,7 @@ def grouped_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "amax_ptr": "*i32", "R": "i32", "K": "i32",
             "s_r": "i32", "s_k": "i32", "E": "i32"}
     out.append(("grouped_quantize_amax", qg._group_amax_kernel, amax,
-                {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": False}, {}))
+                {"EP": 64, "RHT": False} | qt.AMAX_TILE, {}))
     batch = {"x_ptr": "*bf16", "m_ptr": "*fp32", "step_ptr": "*i64", "k1": "i32", "codes_ptr": "*u8",
              "scales_ptr": "*u8"}
     strides = {"R": "i32", "K": "i32", "KL": "i32", "s_r": "i32", "s_k": "i32", "s_b": "i32", "r_r": "i32",
@@ -293,7 +293,7 @@ def k_group_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "offs_ptr": "*i32", "pad_ends_ptr": "*i32", "amax_ptr": "*i32",
             "R": "i32", "T": "i32", "s_r": "i32", "s_k": "i32", "E": "i32"}
     out.append(("k_groups_quantize_amax", kg._k_groups_amax_kernel, amax,
-                {"EP": 64, "BR": qt.AMAX_R, "BK": qt.BLOCK_K, "RHT": True}, {}))
+                {"EP": 64, "RHT": True} | qt.AMAX_TILE, {}))
     launch = {"s_r": 1, "EP": 64, "RHT": True, "SR": True, "GROUP_ROWS": False}  # tokens down a strided dim
     for fmt, kernel, configs in (("nvfp4", kg._nvfp4_k_groups_cols_kernel, qc.NVFP4_CONFIGS),
                                  ("mxfp8", kg._mxfp8_k_groups_cols_kernel, qc.MXFP8_CONFIGS)):
@@ -303,7 +303,7 @@ def k_group_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict,
                         launch | cfg.kwargs | ({} if fmt == "nvfp4" else mx), {"num_warps": cfg.num_warps,
                                                                               LAUNCH_ALIGNED: True}))
     out.append(("k_groups_cols_quantize_amax_rht", kg._k_groups_amax_rht_cols_kernel, amax,
-                {"s_r": 1, "EP": 64} | qc.AMAX_CONFIG, {LAUNCH_ALIGNED: True}))
+                {"s_r": 1, "EP": 64} | qc.RHT_AMAX_TILE, {LAUNCH_ALIGNED: True}))
     return out
 
 

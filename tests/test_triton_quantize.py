@@ -200,10 +200,13 @@ def test_nvfp4_rounds_every_tie_to_even():
 
 @pytest.mark.parametrize("where", [(0, 0), (207, 319), (70, 130)])
 def test_amax_pass_folds_many_tiles_per_program(monkeypatch, where):
-    """With 3 programs for 20 tiles (the GPU's amax tile) each program folds several tiles into its one atomic: the
-    tensor scale still sees the largest value wherever it lies (first tile, last partial tile, a middle one)."""
-    monkeypatch.setattr(qt, "AMAX_PROGRAMS", 3)
-    monkeypatch.setattr(qt, "amax_tile", lambda: {"BR": qt.AMAX_R, "BK": qt.BLOCK_K})
+    """With 3 programs for 20 tiles (the GPU's amax tiles: rows, and columns with the RHT in slices, 14 tiles) each
+    program folds several tiles into its one atomic: the tensor scale still sees the largest value wherever it lies
+    (first tile, last partial tile, a middle one)."""
+    for module in (qt, qc):
+        monkeypatch.setattr(module, "AMAX_PROGRAMS", 3)
+    monkeypatch.setattr(qt, "amax_tile", lambda: qt.AMAX_TILE)
+    monkeypatch.setattr(qc, "rht_amax_tile", lambda: qc.RHT_AMAX_TILE)
     x = torch.randn(208, 320, generator=torch.Generator().manual_seed(5))
     x[where] = -40.0
     check(x, "nvfp4", 1, False, False)
