@@ -156,9 +156,9 @@ def test_sm90_grouped_wgrad_equals_each_groups_dense_gemm(monkeypatch, fmt, run,
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_sm90_grouped_wgrad_reads_nothing_on_the_host(fmt):
     """On fewer tokens than the tests above (an empty group, tokens past the last end): the interpreter's cost."""
-    gen, ends = torch.Generator().manual_seed(2), [5, 5, 40]
+    gen, group_ends = torch.Generator().manual_seed(2), [5, 5, 40]
     x, dy = torch.randn(M, 48, generator=gen).to(DEVICE), torch.randn(48, N, generator=gen).to(DEVICE)
-    offs, step = torch.tensor(ends, dtype=torch.int32).to(DEVICE), torch.tensor(STEP).to(DEVICE)
+    offs, step = torch.tensor(group_ends, dtype=torch.int32).to(DEVICE), torch.tensor(STEP).to(DEVICE)
     (a, b), ends = quantized_operands(fmt, x, dy, offs, step)
     grouped_wgrad_decoded(a, b, ends, torch.bfloat16)  # compiled outside the check
     with HostReads() as rec:
