@@ -20,17 +20,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 # A custom op whose outputs alias its inputs or each other is an error in compiled graphs (torch warns, for now)
 functorch_config.error_on_custom_op_aliasing = True
 
-# The files that take minutes (the PTX report's compiles, the benchmark scripts), collected first: under
-# ``-n 2 --dist loadfile`` a worker starts them at once and the other runs the rest beside them, where in name
-# order the PTX report started late and ran alone at the end.
-LONGEST_FIRST = ("test_sm90_tensor_core_gemm.py", "test_examples.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order the collected tests ``LONGEST_FIRST``, then the rest as collected (a stable sort)."""
-    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST
-               else len(LONGEST_FIRST))
-
 
 @pytest.fixture
 def fresh_dynamo():
