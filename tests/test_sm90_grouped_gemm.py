@@ -123,7 +123,8 @@ def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatc
     torch.testing.assert_close(grouped_mm(a, w, offs, "nvfp4", **opts), expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("fmt,k", [("nvfp4", K), ("mxfp8", K), ("nvfp4", 40), ("mxfp8", 40)])
+@pytest.mark.parametrize("fmt,k", [("nvfp4", K), ("mxfp8", 40), pytest.param("mxfp8", K, marks=pytest.mark.slow),
+                                   pytest.param("nvfp4", 40, marks=pytest.mark.slow)])  # each value once by default
 def test_sm90_batched_grouped_mm_is_one_launch_reading_nothing_on_the_host(monkeypatch, fmt, k):
     """A quantized 3d x 3d grouped_mm (a batch of experts) on a stood-in H100: its items' rows are equal token
     groups of the one-launch experts GEMM, whose ends are made on the device (no host read, no dense GEMM per
