@@ -32,3 +32,9 @@ def autotune(configs: list[triton.Config], interpreter: triton.Config, key: list
     (3.2 on)."""
     extra = {name: value for name, value in (("do_bench", short_bench), ("cache_results", True)) if name in _TAKES}
     return triton.autotune(configs=[interpreter] if interpreting() else configs, key=key, **kwargs, **extra)
+
+
+def fixed_tile(gpu: dict[str, int], interpreter: triton.Config) -> dict[str, int]:
+    """A kernel's one tile where it is not autotuned (the amax passes): ``gpu`` on a GPU, in the interpreter
+    ``interpreter``'s (fewer programs). A copy: callers may change it."""
+    return dict(interpreter.kwargs if interpreting() else gpu)

@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
-from autoprec.kernels.autotune import autotune
+from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
-from autoprec.kernels.launch import cdiv, interpreting
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import encode_float8, pow2, round_and_encode, sr_hash_bits, step_stream_keys
 from autoprec.kernels.quantize_triton import (
     AMAX_PROGRAMS,
@@ -259,17 +259,11 @@ def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.co
     atomic_max_bits(amax_ptr + item, tl.max(tl.max(amax, 1), 0))
 
 
-def rht_amax_tile() -> dict[str, int]:
-    """The RHT amax passes' tile: ``RHT_AMAX_TILE``, or in the interpreter ``INTERPRETER_TILE``'s (a quarter of the
-    programs; its width, like the GPU tile's, divides a K group's padding)."""
-    return dict(INTERPRETER_TILE.kwargs) if interpreting() else RHT_AMAX_TILE
-
-
 def launch_rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
                     strides: tuple[int, int], s_b: int = 0) -> None:
     """Launch ``_amax_rht_cols_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch
     items of ``x``, ``s_b`` apart: each item's max|RHT(x)| bits into its int32 ``amax`` cell (zeroed)."""
-    tile = rht_amax_tile()
+    tile = fixed_tile(RHT_AMAX_TILE, INTERPRETER_TILE)
     tiles = cdiv(shape[0], tile["BR"]) * cdiv(shape[1], tile["BK"])
     _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, **tile)
 

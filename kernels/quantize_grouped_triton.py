@@ -24,18 +24,18 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels.autotune import autotune
+from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import tensor_scales
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
+    AMAX_TILE,
     H200_CHECKED,
     INTERPRETER_TILE,
     KEY_ARGS,
     MXFP8_GPU_CONFIGS,
     _load_tile,
     _rht_operand,
-    amax_tile,
     int32_arg,
     launch_amax,
     mxfp8_encode_store,
@@ -163,7 +163,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
-        tile = amax_tile()
+        tile = fixed_tile(AMAX_TILE, INTERPRETER_TILE)
         _group_amax_kernel[(cdiv(n_rows, tile["BR"]),)](x, mt, offs, amax, n_rows, k_loaded, x.stride(0), x.stride(1),
                                                        groups, EP=ep, RHT=rht, **tile)
         codes = torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8)

@@ -23,17 +23,17 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels.autotune import autotune
+from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import atomic_max_bits, tensor_scales
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
 from autoprec.kernels.launch import cdiv
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
+    AMAX_TILE,
     INTERPRETER_TILE,
     KEY_ARGS,
     _load_tile,
     _rht_operand,
-    amax_tile,
     mxfp8_encode_store,
     mxfp8_meta,
     nvfp4_encode_store,
@@ -210,11 +210,11 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
     if fmt is NVFP4:
         amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
         if sliced and rht:
-            cfg = qc.rht_amax_tile()
+            cfg = fixed_tile(qc.RHT_AMAX_TILE, qc.INTERPRETER_TILE)  # widths divide GROUP_PAD
             _k_groups_amax_rht_cols_kernel[(cdiv(n_rows, cfg["BR"]), kp // cfg["BK"])](
                 m, mt, offs, ends, amax, n_rows, tokens, m.stride(0), m.stride(1), groups, EP=ep, **cfg)
         else:
-            tile = amax_tile()  # its width divides GROUP_PAD
+            tile = fixed_tile(AMAX_TILE, INTERPRETER_TILE)
             _k_groups_amax_kernel[(cdiv(n_rows, tile["BR"]), kp // tile["BK"])](
                 m, mt, offs, ends, amax, n_rows, tokens, m.stride(0), m.stride(1), groups, EP=ep, RHT=rht, **tile)
         codes = torch.empty(n_rows, kp // 2, device=x.device, dtype=torch.uint8)

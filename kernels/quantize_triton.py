@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
-from autoprec.kernels.autotune import autotune
+from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import (
     INF_BITS,
     atomic_max_bits,
@@ -23,7 +23,7 @@ from autoprec.kernels.block_scales_triton import (
     nvfp4_block_scales,
 )
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.launch import cdiv, interpreting
+from autoprec.kernels.launch import cdiv
 from autoprec.kernels.numerics_triton import (
     encode_float8,
     hadamard_signs,
@@ -387,17 +387,12 @@ def nvfp4_amax(m: torch.Tensor, mt: torch.Tensor, rht: bool) -> torch.Tensor:
     return amax
 
 
-def amax_tile() -> dict[str, int]:
-    """The amax passes' tile: ``AMAX_TILE``, or in the interpreter ``INTERPRETER_TILE``'s (fewer programs)."""
-    return dict(INTERPRETER_TILE.kwargs) if interpreting() else AMAX_TILE
-
-
 def launch_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
                 strides: tuple[int, int], s_b: int, rht: bool) -> None:
     """Launch ``_amax_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch items of
     ``x``, ``s_b`` apart: each item's max|x| bits (with ``rht``: of the RHT along K) into its int32 ``amax`` cell
     (zeroed)."""
-    tile = amax_tile()
+    tile = fixed_tile(AMAX_TILE, INTERPRETER_TILE)
     tiles = cdiv(shape[0], tile["BR"]) * cdiv(shape[1], tile["BK"])
     _amax_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, RHT=rht, **tile)
 
