@@ -85,13 +85,13 @@ def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
             "tensor_core_grouped_wgrad_inplace_bf16": True}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("report_scope", ["full"], indirect=True)  # the quick report compiles sm_90 and sm_100 alone
 @pytest.mark.parametrize("cap", [80, 120])
-def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, report_scope, cap):
+def test_ptx_sm80_and_sm120_grouped_gemms_use_tensor_cores(ptx_report, cap):
     """sm_80 runs the experts' one-launch GEMMs for bf16 experts (torch's grouped GEMM loops on the host there), sm_120
     for quantized ones too (torch's block-scaled grouped GEMM refuses it): they compile for both with the warp-level
-    tensor-core MMA (mma.sync), the fp32 recompute without. The full report's (-m slow) alone."""
-    if report_scope == "quick":
-        pytest.skip("the quick report compiles the grouped GEMMs for sm_90 and sm_100 alone; -m slow: the full one")
+    tensor-core MMA (mma.sync), the fp32 recompute without. The full report's alone."""
     grouped = {r["kernel"]: r["mma_sync"] for r in ptx_report if r["cap"] == cap}
     assert grouped == {f"{kind}_grouped_{layout}_{fmt}": kind == "tensor_core" for layout in ("gemm", "wgrad")
                        for kind, fmt in (("tensor_core", "nvfp4"), ("tensor_core", "mxfp8"), ("tensor_core", "bf16"),
