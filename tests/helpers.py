@@ -50,7 +50,8 @@ def assert_same(got, want) -> None:
 
 
 def edge_tensor(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    """Random normal data with edge blocks: zero, Inf, -Inf, NaN, tiny (subnormal scales), saturating."""
+    """Random normal data with edge blocks: zero, Inf, -Inf, NaN (and one with its sign bit set), tiny (subnormal
+    scales), saturating."""
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
     x[0, :32] = 0.0
     x[1, 3] = float("inf")
@@ -60,6 +61,7 @@ def edge_tensor(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     x[5, :32] *= 2.0**-20
     x[6, 0] = 3e38
     x[7, 33] = -0.0
+    x[8, 35] = -float("nan")
     return x
 
 
