@@ -1,9 +1,14 @@
 """Host-side arithmetic of the Triton launches (grids), kept in plain Python: ``triton.cdiv`` is a constexpr
 function in Triton 3.9, whose argument unwrapping costs about 2 us per host call, several per launch; and whether
-the launches run in Triton's interpreter."""
+the launches run in Triton's interpreter, and whether the GPU converts fp32 to fp8 in hardware."""
 from __future__ import annotations
 
+import functools
 import os
+
+import torch
+
+FP8_CONVERSIONS = (8, 9)  # the first GPUs (Ada, sm_89) whose PTX rounds fp32 to E4M3 / E5M2 in one instruction
 
 
 def cdiv(a: int, b: int) -> int:
@@ -14,3 +19,14 @@ def cdiv(a: int, b: int) -> int:
 def interpreting() -> bool:
     """Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``) rather than on a GPU."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def hardware_fp8(device: torch.device) -> bool:
+    """Whether the MXFP8 kernels launched on ``device`` round RNE with the GPU's fp8 conversion
+    (``numerics_triton.round_and_encode_fp8``): a CUDA GPU from sm_89 on, never in the interpreter."""
+    return not interpreting() and device.type == "cuda" and _capability(device.index) >= FP8_CONVERSIONS
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)

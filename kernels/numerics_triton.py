@@ -1,8 +1,9 @@
 """Triton device helpers replaying ``rounding_ref`` bit for bit.
 
-Floats are never cast down by Triton (the interpreter rounds those casts wrongly): values are rounded
+Floats are not cast down by Triton (the interpreter rounds those casts wrongly): values are rounded
 with exact fp32 arithmetic and integer work on the fp32 bits, and 8-bit codes are assembled as
-integers and stored as uint8. Clamps use ``tl.where`` so NaN passes through as in torch (GPU
+integers and stored as uint8. The one exception runs on GPUs alone: ``round_and_encode_fp8``'s RNE
+by the hardware's fp8 conversion, whose rounding is the reference's. Clamps use ``tl.where`` so NaN passes through as in torch (GPU
 ``min``/``max`` would drop it).
 """
 from __future__ import annotations
@@ -72,6 +73,21 @@ def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl
     bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR, True)
     code = (r + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
     return tl.where(x != x, NAN_CODE, code)
+
+
+@triton.jit
+def round_and_encode_fp8(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr,
+                         SR: tl.constexpr, HW: tl.constexpr):
+    """``round_and_encode`` onto E4M3 / E5M2 (NaN: 0x7F, torch's code), the MXFP8 elements' codes. With HW (a GPU
+    converting fp32 to fp8 in one instruction: sm_89 on) RNE is the hardware's saturating conversion
+    (``cvt.rn.satfinite``, two elements per instruction: RNE, |x| above MAX to MAX, the sign kept, -0 too): the
+    same codes in fewer instructions (tests/ptx_report.py counts them). The interpreter (whose casts round wrongly)
+    and SR take the integer path."""
+    if HW and not SR:
+        fp8: tl.constexpr = tl.float8e4nv if EBITS == 4 else tl.float8e5
+        code = x.to(fp8, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+        return tl.where(x != x, 0x7F, code)
+    return round_and_encode(x, rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F)
 
 
 @triton.jit

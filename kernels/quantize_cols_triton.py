@@ -23,7 +23,14 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
 from autoprec.kernels.launch import cdiv
-from autoprec.kernels.numerics_triton import encode_float8, pow2, round_and_encode, sr_hash_bits, step_stream_keys
+from autoprec.kernels.numerics_triton import (
+    encode_float8,
+    pow2,
+    round_and_encode,
+    round_and_encode_fp8,
+    sr_hash_bits,
+    step_stream_keys,
+)
 from autoprec.kernels.quantize_triton import (
     AMAX_PROGRAMS,
     KEY_ARGS,
@@ -162,7 +169,7 @@ def nvfp4_store_slices(ys, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, a, b, id
 @triton.jit
 def mxfp8_store_slices(ys, rand_ptr, a, b, idx, r_k, rows, R, c0, K, out_c0, K_out, codes_ptr, scales_ptr,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                       MAX: tl.constexpr, FLOOR: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
+                       MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     """MXFP8 codes and E8M0 scales of the 32 slices ``ys``, stored as ``nvfp4_store_slices`` stores its."""
     finite = tl.zeros(ys[0].shape, tl.int32)  # the largest |y| bits of finite values, and of all
     top = tl.zeros(ys[0].shape, tl.int32)
@@ -180,7 +187,7 @@ def mxfp8_store_slices(ys, rand_ptr, a, b, idx, r_k, rows, R, c0, K, out_c0, K_o
         rand = 0
         if SR:
             rand = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, j, HASH)
-        codes = codes + (round_and_encode(ys[j] * scale, rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F).to(tl.uint8),)
+        codes = codes + (round_and_encode_fp8(ys[j] * scale, rand, EBITS, MBITS, BIAS, MAX, SR, HW).to(tl.uint8),)
     _store_joined(codes_ptr, rows, R, out_c0, K_out, codes, 32)
 
 
@@ -219,23 +226,24 @@ def nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, ama
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _mxfp8_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                       MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
-                       SR: tl.constexpr, HASH: tl.constexpr):
+                       MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                       RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     mxfp8_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
-                      tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT, SR, HASH)
+                      tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, HW, BR, BK, RHT, SR,
+                      HASH)
 
 
 @triton.jit
 def mxfp8_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
                       EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                      MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
-                      SR: tl.constexpr, HASH: tl.constexpr):
+                      MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                      RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     """``quantize_triton.mxfp8_tile`` in slices: tile (``pid_r``, ``pid_k``) of the (R, K) view, the same bytes."""
     rows, c0 = tile_blocks(pid_r, pid_k, 32, BR, BK)
     ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 32, RHT)
     a, b, idx = _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR, HASH)
     mxfp8_store_slices(ys, rand_ptr, a, b, idx, r_k, rows, R, c0, K, c0, K, codes_ptr, scales_ptr, EBITS, MBITS, BIAS,
-                       EMAX, MAX, FLOOR, SR, HASH)
+                       EMAX, MAX, FLOOR, HW, SR, HASH)
 
 
 @triton.jit
@@ -285,7 +293,8 @@ def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_stride
     m, mt = args[:2]
     grid = _grid(m)
     if fmt is not NVFP4:
-        _mxfp8_cols_kernel[grid](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode), **flags)
+        _mxfp8_cols_kernel[grid](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode, m.device),
+                                 **flags)
         return
     if flags["RHT"]:
         amax = torch.zeros((), device=m.device, dtype=torch.int32)

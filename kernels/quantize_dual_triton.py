@@ -28,6 +28,7 @@ from autoprec.kernels.quantize_triton import (
     _rht_operand,
     hashed_stream,
     kernel_keys,
+    mxfp8_meta,
     mxfp8_tile,
     nvfp4_tile,
     tile_amax,
@@ -77,14 +78,14 @@ def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
 def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, step_a, codes_a, scales_a, ia_r, ia_k, k1_b, k2_b, step_b, codes_b, scales_b,
                        ib_r, ib_k, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                       MAX: tl.constexpr, FLOOR: tl.constexpr,
+                       MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr,
                        BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
                        HASH_A: tl.constexpr, RHT_B: tl.constexpr, SR_B: tl.constexpr, HASH_B: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     mxfp8_tile(x_ptr, m_ptr, step_a, k1_a, k2_a, codes_a, scales_a, R, K, s_r, s_k, ia_r, ia_k, pid_r, pid_k,
-               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT_A, SR_A, HASH_A)
+               EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, HW, BR, BK, RHT_A, SR_A, HASH_A)
     mxfp8_slices_tile(x_ptr, m_ptr, step_b, k1_b, k2_b, codes_b, scales_b, K, R, s_k, s_r, ib_r, ib_k, pid_k, pid_r,
-                      EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BK, BR, RHT_B, SR_B, HASH_B)
+                      EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, HW, BK, BR, RHT_B, SR_B, HASH_B)
 
 
 def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
@@ -124,7 +125,7 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     scales = [torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8),
               torch.empty(k, n_rows // 32, device=x.device, dtype=torch.uint8)]
     _mxfp8_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1), *keys[0], codes[0], scales[0], *ia,
-                             *keys[1], codes[1], scales[1], *ib, EBITS=elem.ebits, MBITS=elem.mbits,
-                             BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max, FLOOR=scale_mode == "floor", **sides)
+                             *keys[1], codes[1], scales[1], *ib, **mxfp8_meta(fmt, scale_mode, x.device),
+                             **sides)
     return tuple(QuantizedTensor(fmt, c.view(elem.torch_dtype), s, None, axis, src.shape)
                  for c, s, (src, axis) in zip(codes, scales, sources))

@@ -128,7 +128,7 @@ def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, E,
                           EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                          MAX: tl.constexpr, FLOOR: tl.constexpr, EP: tl.constexpr, BR: tl.constexpr,
+                          MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, EP: tl.constexpr, BR: tl.constexpr,
                           BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
     """MXFP8 of tile (program ids) of the (R, K) view, SR bits from each row's group stream, columns from KL on
     zeros."""
@@ -136,7 +136,7 @@ def _mxfp8_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
     _, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
     y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, KL, s_r, s_k, BR, BK, RHT)
     mxfp8_encode_store(y, x_ptr, a, b, sr_rows, tl.program_id(1) * BK, K, 1, codes_ptr, scales_ptr, rows,
-                       tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+                       tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, HW, BR, BK, SR, 1)
 
 
 def seed_arg(seed: int | None) -> int:
@@ -176,8 +176,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     codes = torch.empty(n_rows, k, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, k // 32, device=x.device, dtype=torch.uint8)
     _mxfp8_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, n_rows, k, k_loaded, x.stride(0), x.stride(1),
-                                groups, EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax,
-                                MAX=elem.max, FLOOR=scale_mode == "floor", **common)
+                                groups, **mxfp8_meta(fmt, scale_mode, x.device), **common)
     return codes.view(elem.torch_dtype), scales, None
 
 
@@ -210,7 +209,7 @@ def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k, c_b,
                         sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                        MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                        MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                         RHT: tl.constexpr, SR: tl.constexpr):
     """MXFP8 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view (K from KL on zeros)."""
     _, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b,
@@ -218,7 +217,7 @@ def _mxfp8_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K,
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     y = _load_tile(x_ptr, m_ptr, rows, tl.program_id(1) * BK, R, KL, s_r, s_k, BR, BK, RHT)
     mxfp8_encode_store(y, x_ptr, a, b, rows, tl.program_id(1) * BK, r_r, r_k, codes_ptr, scales_ptr, rows,
-                       tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+                       tl.program_id(1) * BK, R, K, EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, HW, BR, BK, SR, 1)
 
 
 @triton.jit
@@ -252,14 +251,14 @@ def _nvfp4_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, 
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _mxfp8_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, K, KL, s_r, s_k, s_b, r_r, r_k,
                              c_b, sc_b, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                             EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr,
-                             BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
+                             EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr,
+                             BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr):
     """``_mxfp8_batch_kernel`` for items blocked down a strided dim, in slices."""
     _, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys = _batch_slices(
         x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r, s_k, s_b, r_r, r_k, c_b, sc_b, 32, BR, BK,
         RHT, SR)
     qc.mxfp8_store_slices(ys, x_ptr, a, b, idx, r_k, rows, R, c0, KL, c0, K, codes_ptr, scales_ptr, EBITS, MBITS, BIAS,
-                          EMAX, MAX, FLOOR, SR, 1)
+                          EMAX, MAX, FLOOR, HW, SR, 1)
 
 
 def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, step: torch.Tensor,
@@ -302,6 +301,6 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
     codes = torch.empty(items, n, k, device=x.device, dtype=torch.uint8)
     scales = torch.empty(items, n, k // 32, device=x.device, dtype=torch.uint8)
     kernel = _mxfp8_batch_cols_kernel if sliced else _mxfp8_batch_kernel
-    kernel[grid](x, mt, step, key, codes, scales, **view, c_b=n * k, sc_b=n * (k // 32), **mxfp8_meta(fmt, scale_mode),
-                 **common)
+    kernel[grid](x, mt, step, key, codes, scales, **view, c_b=n * k, sc_b=n * (k // 32),
+                 **mxfp8_meta(fmt, scale_mode, x.device), **common)
     return codes.view(elem.torch_dtype), scales, None

@@ -107,15 +107,15 @@ def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
 def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
                            R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,
                            BIAS: tl.constexpr, EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr,
-                           EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
-                           GROUP_ROWS: tl.constexpr):
+                           HW: tl.constexpr, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
+                           SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
     """MXFP8 of tile (program ids) of the padded (R, KP) layout, SR bits from its group's stream."""
     col0 = tl.program_id(1) * BK
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, T, s_r, s_k, E, EP, BR, BK, RHT)
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 32, GROUP_ROWS, SR)
     mxfp8_encode_store(y, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows, col0, R, KP, EBITS, MBITS,
-                       BIAS, EMAX, MAX, FLOOR, BR, BK, SR, 1)
+                       BIAS, EMAX, MAX, FLOOR, HW, BR, BK, SR, 1)
 
 
 @triton.jit
@@ -166,14 +166,14 @@ def _nvfp4_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, 
 def _mxfp8_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr,
                                 R, KP, T, s_r, s_k, r_r, r_k, E, EBITS: tl.constexpr, MBITS: tl.constexpr,
                                 BIAS: tl.constexpr, EMAX: tl.constexpr, MAX: tl.constexpr, FLOOR: tl.constexpr,
-                                EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
-                                SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
+                                HW: tl.constexpr, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                                RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
     """``_mxfp8_k_groups_kernel`` for tokens read down a strided dim, in slices."""
     rows, out_c0, g, n, c0, ys = _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP, 32, BR,
                                                BK, RHT)
     a, b, idx = _group_sr_index(k1, g, step_ptr, n, rows, c0, r_r, r_k, 32, GROUP_ROWS, SR)
     qc.mxfp8_store_slices(ys, x_ptr, a, b, idx, r_k, rows, R, c0, n, out_c0, KP, codes_ptr, scales_ptr, EBITS, MBITS,
-                          BIAS, EMAX, MAX, FLOOR, SR, 1)
+                          BIAS, EMAX, MAX, FLOOR, HW, SR, 1)
 
 
 @triton.jit
@@ -228,7 +228,7 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
         return codes, scales.view(torch.float8_e4m3fn), s_dec, ends
     codes = torch.empty(n_rows, kp, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, kp // 32, device=x.device, dtype=torch.uint8)
-    args, meta = (m, mt, offs, ends, step, key, codes, scales), view | mxfp8_meta(fmt, scale_mode)
+    args, meta = (m, mt, offs, ends, step, key, codes, scales), view | mxfp8_meta(fmt, scale_mode, x.device)
     if sliced:
         _mxfp8_k_groups_cols_kernel[grid](*args, **meta)
     else:

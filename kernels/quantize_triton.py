@@ -23,12 +23,13 @@ from autoprec.kernels.block_scales_triton import (
     nvfp4_block_scales,
 )
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, hardware_fp8
 from autoprec.kernels.numerics_triton import (
     encode_float8,
     hadamard_signs,
     pow2,
     round_and_encode,
+    round_and_encode_fp8,
     sr_hash_bits,
     step_stream_keys,
 )
@@ -217,30 +218,30 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _mxfp8_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
                   EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                  MAX: tl.constexpr, FLOOR: tl.constexpr,
+                  MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k,
-               tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, BR, BK, RHT, SR, HASH)
+               tl.program_id(0), tl.program_id(1), EBITS, MBITS, BIAS, EMAX, MAX, FLOOR, HW, BR, BK, RHT, SR, HASH)
 
 
 @triton.jit
 def mxfp8_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
                EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-               MAX: tl.constexpr, FLOOR: tl.constexpr,
+               MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr,
                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to MXFP8 along K."""
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
     mxfp8_encode_store(y, rand_ptr, k1, k2, rows, col0, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K, EBITS, MBITS,
-                       BIAS, EMAX, MAX, FLOOR, BR, BK, SR, HASH)
+                       BIAS, EMAX, MAX, FLOOR, HW, BR, BK, SR, HASH)
 
 
 @triton.jit
 def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_ptr, scales_ptr, rows, col0, R, K,
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
-                       MAX: tl.constexpr, FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, SR: tl.constexpr,
-                       HASH: tl.constexpr):
+                       MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                       SR: tl.constexpr, HASH: tl.constexpr):
     """MXFP8 codes and E8M0 block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from
     ``col0``), stored at ``codes_ptr`` and ``scales_ptr``; SR bits as ``nvfp4_encode_store`` makes them."""
     NB: tl.constexpr = BK // 32
@@ -258,7 +259,7 @@ def mxfp8_encode_store(y, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_pt
     rand = 0
     if SR:
         rand = tl.reshape(_load_rand(rand_ptr, k1, k2, sr_rows, sr_col0, R, K, r_r, r_k, BR, BK, HASH), (BR, NB, 32))
-    codes = round_and_encode(y * pow2(-e)[:, :, None], rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F)  # NaN: torch's
+    codes = round_and_encode_fp8(y * pow2(-e)[:, :, None], rand, EBITS, MBITS, BIAS, MAX, SR, HW)
     codes = tl.reshape(codes.to(tl.uint8), (BR, BK))
     cols = col0 + tl.arange(0, BK)
     cmask = (rows < R)[:, None] & (cols < K)[None, :]
@@ -367,7 +368,8 @@ def quantize_triton(
         _nvfp4_kernel[_grid(m)](*args, nvfp4_amax(m, mt, rht), s_dec, *m.shape, *m.stride(), *r_strides,
                                 TILE2D=tile2d, **common)
     else:
-        _mxfp8_kernel[_grid(m)](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode), **common)
+        _mxfp8_kernel[_grid(m)](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode, x.device),
+                                **common)
     if fmt is NVFP4:
         return QuantizedTensor(NVFP4, codes, scales.view(torch.float8_e4m3fn), s_dec, axis, x.shape,
                                16 if tile2d else 1)
@@ -397,8 +399,8 @@ def launch_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tu
     _amax_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, RHT=rht, **tile)
 
 
-def mxfp8_meta(fmt: Format, scale_mode: str) -> dict:
-    """The MXFP8 kernels' format constexprs."""
+def mxfp8_meta(fmt: Format, scale_mode: str, device: torch.device) -> dict:
+    """The MXFP8 kernels' format constexprs, and HW: whether ``device`` rounds RNE with its fp8 conversion."""
     elem = fmt.elem
     return dict(EBITS=elem.ebits, MBITS=elem.mbits, BIAS=elem.bias, EMAX=elem.emax, MAX=elem.max,
-                FLOOR=scale_mode == "floor")
+                FLOOR=scale_mode == "floor", HW=hardware_fp8(device))

@@ -129,7 +129,7 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """Every quantizer (SR and RHT on), and the row quantizers as a launch specializes them."""
     nvfp4 = QUANT_POINTERS | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | SIZES
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
-          "FLOOR": False, "SR": True}
+          "FLOOR": False, "HW": True, "SR": True}  # HW: as a launch on sm_89 and later sets it
     out = []
     for suffix, hashed in (("", False), ("_hashed", True)):  # SR bits loaded, or hashed in the kernel
         out.append((f"quantize_nvfp4{suffix}", qt._nvfp4_kernel.fn, nvfp4,
@@ -159,6 +159,8 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
                 {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 mx | wide, {LAUNCH_ALIGNED: True}))
+    out.append(("quantize_mxfp8_rows_launch_br64_bk64_integer", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
+                mx | wide | {"HW": False}, {LAUNCH_ALIGNED: True}))  # RNE in integer arithmetic, as interpreted
     return (out + column_kernels(mx, full) + dual_kernels(mx, full) + grouped_kernels(mx, full)
             + k_group_kernels(mx, full))
 
@@ -182,6 +184,9 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
         for cfg in tiles(configs, full):
             out.append((f"cols_quantize_{fmt}_{tile_tag(cfg)}", kernel.fn, sig,
                         flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
+    rne = mx | {"s_r": 1, "SR": False, "HASH": 0, "RHT": False} | qc.MXFP8_CONFIGS[0].kwargs  # a weight's dgrad copy
+    out.append(("cols_quantize_mxfp8_rne_launch", qc._mxfp8_cols_kernel.fn, QUANT_POINTERS | SIZES | step, rne,
+                {"num_warps": qc.MXFP8_CONFIGS[0].num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32", "s_b": "i32"}
     out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.RHT_AMAX_TILE,
@@ -398,6 +403,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "mma_sync": "mma.sync" in ptx,  # the warp-level tensor-core MMA (sm_80 to sm_120)
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "vector_loads": "ld.global.v4" in ptx, "fma_lines": fma_lines(ptx),
+            "fp8_cvt": "cvt.rn.satfinite.e4m3x2.f32" in ptx or "cvt.rn.satfinite.e5m2x2.f32" in ptx,
             **({"instructions": sass_instructions(k.asm["cubin"])} if sass else {}),
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
 

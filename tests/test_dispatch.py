@@ -4,6 +4,7 @@ import torch
 
 from autoprec.kernels import (
     dispatch,
+    launch,
     ops,  # noqa: F401  (registers torch.ops.autoprec)
     qmm_ref,
     quantize_ref,
@@ -26,6 +27,18 @@ def test_mode_selection(monkeypatch):
     if dispatch.triton_runtime_reason(cpu) is None:
         monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
         assert dispatch.use_triton(cpu, None) is True
+
+
+def test_hardware_fp8_on_cuda_from_sm89_never_interpreted(monkeypatch):
+    """The MXFP8 kernels round to nearest with the GPU's fp8 conversion on a CUDA device from sm_89 on (Ada, Hopper,
+    Blackwell), in integer arithmetic on an A100 and always in the interpreter (whose casts round wrongly)."""
+    caps = {0: (8, 0), 1: (8, 9), 2: (9, 0), 3: (12, 0)}
+    monkeypatch.setattr(launch, "_capability", caps.__getitem__)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert [launch.hardware_fp8(torch.device("cuda", i)) for i in caps] == [False, True, True, True]
+    assert not launch.hardware_fp8(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not launch.hardware_fp8(torch.device("cuda", 2))
 
 
 def test_rht_option_equals_transform_then_quantize(monkeypatch):

@@ -117,8 +117,8 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report, report_sco
         assert found and all(r["sr_hash"] == hashed(r["kernel"]) for r in found), found
         return sum(r["cap"] == 90 for r in found)
 
-    # SR bits loaded or hashed, and the four launch-specialized row kernels (round to nearest)
-    assert on_sm90("quantize_nvfp4", "quantize_mxfp8", hashed=lambda name: "_hashed" in name) == 8 + 2 * (
+    # SR bits loaded or hashed, and the five launch-specialized row kernels (round to nearest)
+    assert on_sm90("quantize_nvfp4", "quantize_mxfp8", hashed=lambda name: "_hashed" in name) == 9 + 2 * (
         tiles(QUANT_CONFIGS) - 1)
     assert on_sm90("quantize_dual_nvfp4", "quantize_dual_mxfp8", "dual_launch") == (
         2 if report_scope == "full" else 1) * (tiles(qd.NVFP4_CONFIGS) + tiles(qd.MXFP8_CONFIGS))
@@ -133,8 +133,23 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report, report_sco
 def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report, report_scope):
     """Compiled as Triton specializes a launch on a row-major bf16 tensor (aligned, unit stride), the row
     quantizers read 16 bytes per load."""
-    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, each target
-    assert len(launched) == 4 * len(measured_caps(report_scope)) and all(r["vector_loads"] for r in launched)
+    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, and MXFP8 rounding
+    assert len(launched) == 5 * len(measured_caps(report_scope))  # in integer arithmetic too, for each target
+    assert all(r["vector_loads"] for r in launched)
+
+
+def test_ptx_sm90_and_sm100_mxfp8_quantizers_round_to_nearest_with_the_fp8_conversion(ptx_report, report_scope):
+    """Launched on sm_89 and later (``launch.hardware_fp8``), MXFP8 kernels that round to nearest convert with the
+    GPU's saturating fp8 conversion (``round_and_encode_fp8``): the row quantizer as launched, at both tiles, and
+    a weight's column copy (dgrad's, in slices); the row quantizer at 32 elements per thread then takes at most
+    0.8x the SASS instructions per element of the same kernel rounding in integer arithmetic, the interpreter's
+    path (752 against 984 on sm_90). No kernel with SR converts (the hardware's SR is not the reference's)."""
+    for cap in measured_caps(report_scope):
+        rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
+        assert {name for name, r in rows.items() if r["fp8_cvt"]} == {
+            "quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch"}
+        hardware, integer = (rows[f"quantize_mxfp8_rows_launch_br64_bk64{tag}"] for tag in ("", "_integer"))
+        assert per_element(hardware) <= 0.8 * per_element(integer), (hardware, integer)
 
 
 def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_scope):
