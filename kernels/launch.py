@@ -8,7 +8,9 @@ import os
 
 import torch
 
-FP8_CONVERSIONS = (8, 9)  # the first GPUs (Ada, sm_89) whose PTX rounds fp32 to E4M3 / E5M2 in one instruction
+# the first GPUs whose PTX rounds fp32 to E4M3 / E5M2 (Ada, sm_89), and to E2M1 (Blackwell, sm_100), in one
+# instruction (cvt.rn.satfinite)
+FP8_CONVERSIONS, FP4_CONVERSIONS = (8, 9), (10, 0)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -22,9 +24,19 @@ def interpreting() -> bool:
 
 
 def hardware_fp8(device: torch.device) -> bool:
-    """Whether the MXFP8 kernels launched on ``device`` round RNE with the GPU's fp8 conversion
+    """Whether the MXFP8 kernels launched on ``device`` round to nearest with the GPU's fp8 conversion
     (``numerics_triton.round_and_encode_fp8``): a CUDA GPU from sm_89 on, never in the interpreter."""
-    return not interpreting() and device.type == "cuda" and _capability(device.index) >= FP8_CONVERSIONS
+    return _converts(device, FP8_CONVERSIONS)
+
+
+def hardware_fp4(device: torch.device) -> bool:
+    """Whether the NVFP4 kernels launched on ``device`` round to nearest with the GPU's E2M1 conversion
+    (``numerics_triton.e2m1_pair``): a CUDA GPU from sm_100 on, never in the interpreter."""
+    return _converts(device, FP4_CONVERSIONS)
+
+
+def _converts(device: torch.device, since: tuple[int, int]) -> bool:
+    return not interpreting() and device.type == "cuda" and _capability(device.index) >= since
 
 
 @functools.lru_cache(maxsize=None)

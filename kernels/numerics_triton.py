@@ -2,9 +2,9 @@
 
 Floats are not cast down by Triton (the interpreter rounds those casts wrongly): values are rounded
 with exact fp32 arithmetic and integer work on the fp32 bits, and 8-bit codes are assembled as
-integers and stored as uint8. The one exception runs on GPUs alone: ``round_and_encode_fp8``'s RNE
-by the hardware's fp8 conversion, whose rounding is the reference's. Clamps use ``tl.where`` so NaN passes through as in torch (GPU
-``min``/``max`` would drop it).
+integers and stored as uint8. The exceptions run on GPUs alone: RNE by the hardware's fp8 and E2M1
+conversions (``round_and_encode_fp8``, ``e2m1_pair``), whose rounding is the reference's. Clamps use
+``tl.where`` so NaN passes through as in torch (GPU ``min``/``max`` would drop it).
 """
 from __future__ import annotations
 
@@ -88,6 +88,20 @@ def round_and_encode_fp8(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS
         code = x.to(fp8, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
         return tl.where(x != x, 0x7F, code)
     return round_and_encode(x, rand, EBITS, MBITS, 1 - BIAS, MAX, SR, 0x7F)
+
+
+@triton.jit
+def e2m1_pair(lo, hi, rand_lo, rand_hi, SR: tl.constexpr, HW: tl.constexpr):
+    """The int32 byte of two E2M1 codes (``lo``'s in the low nibble; NaN as +0) of values already scaled by their
+    block's e_b: ``round_and_encode``'s, or with HW (a GPU converting fp32 to E2M1 in one instruction: sm_100 on)
+    and RNE, the hardware's saturating conversion (``cvt.rn.satfinite.e2m1x2``, one per pair: RNE, |x| above 6 to
+    6 as the reference's clamp, the sign kept; NaN zeroed before it)."""
+    if HW and not SR:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b8 t; cvt.rn.satfinite.e2m1x2.f32 t, $2, $1; cvt.u32.u8 $0, t; }", "=r,r,r",
+            [tl.where(lo != lo, 0.0, lo), tl.where(hi != hi, 0.0, hi)], dtype=tl.int32, is_pure=True, pack=1)
+    hi_code = round_and_encode(hi, rand_hi, 2, 1, 0, 6.0, SR, 0)
+    return round_and_encode(lo, rand_lo, 2, 1, 0, 6.0, SR, 0) | (hi_code << 4)
 
 
 @triton.jit

@@ -22,11 +22,11 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, hardware_fp4
 from autoprec.kernels.numerics_triton import (
+    e2m1_pair,
     encode_float8,
     pow2,
-    round_and_encode,
     round_and_encode_fp8,
     sr_hash_bits,
     step_stream_keys,
@@ -143,7 +143,8 @@ def _store_joined(ptr, rows, R, c0, row_len, values, n: tl.constexpr):
 
 @triton.jit
 def nvfp4_store_slices(ys, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, a, b, idx, r_k, rows, R, c0, K, out_c0,
-                       K_out, codes_ptr, scales_ptr, SR: tl.constexpr, HASH: tl.constexpr, GROUPED: tl.constexpr):
+                       K_out, codes_ptr, scales_ptr, SR: tl.constexpr, HASH: tl.constexpr, GROUPED: tl.constexpr,
+                       HW: tl.constexpr):
     """NVFP4 codes and scales of the 16 slices ``ys`` (blocks at columns ``c0`` of a (R, K) view; SR bits as
     ``slice_bits`` makes them from ``idx``), under the tensor scales of the amax bits at ``amax_ptr + amax_idx``
     (``nvfp4_block_scales``), stored at columns ``out_c0`` of the (R, K_out) output."""
@@ -160,9 +161,7 @@ def nvfp4_store_slices(ys, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, a, b, id
         if SR:
             rand_lo = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m, HASH)
             rand_hi = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m + 1, HASH)
-        lo = round_and_encode(ys[2 * m] * e_b, rand_lo, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
-        hi = round_and_encode(ys[2 * m + 1] * e_b, rand_hi, 2, 1, 0, 6.0, SR, 0)
-        packed = packed + ((lo | (hi << 4)).to(tl.uint8),)
+        packed = packed + (e2m1_pair(ys[2 * m] * e_b, ys[2 * m + 1] * e_b, rand_lo, rand_hi, SR, HW).to(tl.uint8),)
     _store_joined(codes_ptr, rows, R, out_c0 // 2, K_out // 2, packed, 8)
 
 
@@ -205,21 +204,21 @@ def _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR: tl.constexpr, HASH: tl.c
 @triton.jit(do_not_specialize=KEY_ARGS)
 def _nvfp4_cols_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
                        r_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
-                       HASH: tl.constexpr):
+                       HASH: tl.constexpr, HW: tl.constexpr):
     nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
-                      r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH)
+                      r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH, HW)
 
 
 @triton.jit
 def nvfp4_slices_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k, r_r,
                       r_k, pid_r, pid_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr,
-                      HASH: tl.constexpr):
+                      HASH: tl.constexpr, HW: tl.constexpr):
     """``quantize_triton.nvfp4_tile`` in slices: tile (``pid_r``, ``pid_k``) of the (R, K) view, the same bytes."""
     rows, c0 = tile_blocks(pid_r, pid_k, 16, BR, BK)
     ys = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, RHT)
     a, b, idx = _sr_index(rand_ptr, k1, k2, rows, c0, r_r, r_k, SR, HASH)
     nvfp4_store_slices(ys, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, a, b, idx, r_k, rows, R, c0, K,
-                       c0, K, codes_ptr, scales_ptr, SR, HASH, False)
+                       c0, K, codes_ptr, scales_ptr, SR, HASH, False, HW)
 
 
 @autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_r", "RHT", "SR"])
@@ -301,4 +300,4 @@ def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_stride
         launch_rht_amax(m, mt, amax, m.shape, m.stride())
     else:
         amax = nvfp4_amax(m, mt, False)
-    _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, **flags)
+    _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, HW=hardware_fp4(m.device), **flags)

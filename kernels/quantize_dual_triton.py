@@ -20,7 +20,7 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import atomic_max_bits
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, hardware_fp4
 from autoprec.kernels.quantize_cols_triton import mxfp8_slices_tile, nvfp4_slices_tile, slices_amax
 from autoprec.kernels.quantize_triton import (
     INTERPRETER_TILE,
@@ -65,12 +65,13 @@ def _nvfp4_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
                        k1_a, k2_a, step_a, codes_a, scales_a, amax_a, ts_a, ia_r, ia_k,
                        k1_b, k2_b, step_b, codes_b, scales_b, amax_b, ts_b, ib_r, ib_k,
                        BR: tl.constexpr, BK: tl.constexpr, RHT_A: tl.constexpr, SR_A: tl.constexpr,
-                       HASH_A: tl.constexpr, RHT_B: tl.constexpr, SR_B: tl.constexpr, HASH_B: tl.constexpr):
+                       HASH_A: tl.constexpr, RHT_B: tl.constexpr, SR_B: tl.constexpr, HASH_B: tl.constexpr,
+                       HW: tl.constexpr):
     pid_r, pid_k = tl.program_id(0), tl.program_id(1)
     nvfp4_tile(x_ptr, m_ptr, step_a, k1_a, k2_a, codes_a, scales_a, amax_a, ts_a, R, K, s_r, s_k, ia_r, ia_k,
-               pid_r, pid_k, BR, BK, RHT_A, SR_A, HASH_A, False)
+               pid_r, pid_k, BR, BK, RHT_A, SR_A, HASH_A, False, HW)
     nvfp4_slices_tile(x_ptr, m_ptr, step_b, k1_b, k2_b, codes_b, scales_b, amax_b, ts_b, K, R, s_k, s_r, ib_r, ib_k,
-                      pid_k, pid_r, BK, BR, RHT_B, SR_B, HASH_B)
+                      pid_k, pid_r, BK, BR, RHT_B, SR_B, HASH_B, HW)
 
 
 @autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K"])
@@ -116,7 +117,8 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
         s_dec = [torch.empty((), device=x.device, dtype=torch.float32) for _ in range(2)]
         _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
                                  *keys[0], codes[0], scales[0], amax[0:], s_dec[0], *ia,
-                                 *keys[1], codes[1], scales[1], amax[1:], s_dec[1], *ib, **sides)
+                                 *keys[1], codes[1], scales[1], amax[1:], s_dec[1], *ib,
+                                 HW=hardware_fp4(x.device), **sides)
         return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d, axis, src.shape, 1)
                      for c, s, d, (src, axis) in zip(codes, scales, s_dec, sources))
     elem = fmt.elem

@@ -26,7 +26,7 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import tensor_scales
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, hardware_fp4
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
     AMAX_TILE,
@@ -108,7 +108,7 @@ def _group_keys(seed, offs_ptr, step_ptr, rows, E, EP: tl.constexpr, SR: tl.cons
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                           R, K, KL, s_r, s_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                          RHT: tl.constexpr, SR: tl.constexpr):
+                          RHT: tl.constexpr, SR: tl.constexpr, HW: tl.constexpr):
     """NVFP4 of tile (program ids) of the (R, K) view, each row under its group's tensor scales (``k1``: the
     operand seed), its columns from KL on zeros (a reduction padded to whole blocks); program (0, 0) writes every
     group's decode scale to ``ts_ptr``."""
@@ -117,7 +117,7 @@ def _nvfp4_grouped_kernel(x_ptr, m_ptr, offs_ptr, step_ptr, k1, codes_ptr, scale
     g, sr_rows, a, b = _group_keys(k1, offs_ptr, step_ptr, rows, E, EP, SR)
     y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, KL, s_r, s_k, BR, BK, RHT)
     nvfp4_encode_store(y, amax_ptr, g[:, None], ts_ptr, False, x_ptr, a, b, sr_rows, pid_k * BK, K, 1, codes_ptr,
-                       scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, False, True)
+                       scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, False, True, HW)
     if pid_r == 0 and pid_k == 0:
         e = tl.arange(0, EP)
         _, s_dec = tensor_scales(tl.load(amax_ptr + e, mask=e < E, other=0).to(tl.float32, bitcast=True))
@@ -170,7 +170,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
         scales = torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
         _nvfp4_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, amax, s_dec, n_rows, k, k_loaded,
-                                    x.stride(0), x.stride(1), groups, **common)
+                                    x.stride(0), x.stride(1), groups, HW=hardware_fp4(x.device), **common)
         return codes, scales.view(torch.float8_e4m3fn), s_dec
     elem = fmt.elem
     codes = torch.empty(n_rows, k, device=x.device, dtype=torch.uint8)
@@ -193,7 +193,7 @@ def _batch_item(x_ptr, seed, step_ptr, codes_ptr, scales_ptr, s_b, c_b, sc_b, SR
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k, s_b,
                         r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
-                        SR: tl.constexpr, TILE2D: tl.constexpr):
+                        SR: tl.constexpr, TILE2D: tl.constexpr, HW: tl.constexpr):
     """NVFP4 of tile (program ids 0, 1) of batch item ``program_id(2)``'s (R, K) view (K from KL on zeros), under
     its tensor scales; its tile (0, 0) writes its decode scale to ``ts_ptr[item]``."""
     item, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b,
@@ -202,7 +202,7 @@ def _nvfp4_batch_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_
     rows = pid_r * BR + tl.arange(0, BR)
     y = _load_tile(x_ptr, m_ptr, rows, pid_k * BK, R, KL, s_r, s_k, BR, BK, RHT)
     nvfp4_encode_store(y, amax_ptr, item, ts_ptr + item, pid_r == 0 and pid_k == 0, x_ptr, a, b, rows, pid_k * BK,
-                       r_r, r_k, codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False)
+                       r_r, r_k, codes_ptr, scales_ptr, rows, pid_k * BK, R, K, pid_r, BR, BK, SR, 1, TILE2D, False, HW)
 
 
 @autotune(MXFP8_CONFIGS, INTERPRETER_TILE, ["R", "K", "s_k", "RHT", "SR"])
@@ -238,13 +238,13 @@ def _batch_slices(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r,
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_batch_cols_kernel(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, KL, s_r, s_k,
                              s_b, r_r, r_k, c_b, sc_b, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr,
-                             SR: tl.constexpr):
+                             SR: tl.constexpr, HW: tl.constexpr):
     """``_nvfp4_batch_kernel`` for items blocked down a strided dim (an (E, K, N) weight as it lies), in slices."""
     item, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys = _batch_slices(
         x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r, s_k, s_b, r_r, r_k, c_b, sc_b, 16, BR, BK,
         RHT, SR)
     qc.nvfp4_store_slices(ys, amax_ptr, item, ts_ptr + item, tl.program_id(0) == 0 and tl.program_id(1) == 0, x_ptr,
-                          a, b, idx, r_k, rows, R, c0, KL, c0, K, codes_ptr, scales_ptr, SR, 1, False)
+                          a, b, idx, r_k, rows, R, c0, KL, c0, K, codes_ptr, scales_ptr, SR, 1, False, HW)
 
 
 @autotune(qc.MXFP8_CONFIGS, qc.INTERPRETER_TILE, ["R", "K", "s_r", "RHT", "SR"])
@@ -293,9 +293,9 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
         args = (x, mt, step, key, codes, scales, amax, s_dec)
         sizes = view | dict(c_b=codes[0].numel(), sc_b=scales[0].numel())
         if sliced:
-            _nvfp4_batch_cols_kernel[grid](*args, **sizes, **common)
+            _nvfp4_batch_cols_kernel[grid](*args, **sizes, HW=hardware_fp4(x.device), **common)
         else:
-            _nvfp4_batch_kernel[grid](*args, **sizes, TILE2D=tile2d, **common)
+            _nvfp4_batch_kernel[grid](*args, **sizes, TILE2D=tile2d, HW=hardware_fp4(x.device), **common)
         return codes, scales.view(torch.float8_e4m3fn), s_dec
     elem = fmt.elem
     codes = torch.empty(items, n, k, device=x.device, dtype=torch.uint8)

@@ -26,7 +26,7 @@ from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import atomic_max_bits, tensor_scales
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, hardware_fp4
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
     AMAX_TILE,
@@ -89,7 +89,8 @@ def _sr_keys(seed, g, step_ptr, n, r_r, BLOCK: tl.constexpr, GROUP_ROWS: tl.cons
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                            R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                           RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
+                           RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr,
+                           HW: tl.constexpr):
     """NVFP4 of tile (program ids) of the padded (R, KP) layout under its group's tensor scales (``k1``: the operand
     seed; SR index strides ``r_r``, ``r_k`` within the padded group); program (0, 0) writes every group's decode
     scale to ``ts_ptr``."""
@@ -98,7 +99,7 @@ def _nvfp4_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
     g, n, j0, y = _group_tile(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, rows, col0, R, T, s_r, s_k, E, EP, BR, BK, RHT)
     a, b, rr = _sr_keys(k1, g, step_ptr, n, r_r, 16, GROUP_ROWS, SR)
     nvfp4_encode_store(y, amax_ptr, g, ts_ptr, False, x_ptr, a, b, rows, j0, rr, r_k, codes_ptr, scales_ptr, rows,
-                       col0, R, KP, pid_r, BR, BK, SR, 1, False, True)
+                       col0, R, KP, pid_r, BR, BK, SR, 1, False, True, HW)
     _store_group_decode_scales(amax_ptr, ts_ptr, E, EP)
 
 
@@ -151,13 +152,14 @@ def _store_group_decode_scales(amax_ptr, ts_ptr, E, EP: tl.constexpr):
 @triton.jit(do_not_specialize=KEY_ARGS[:1])
 def _nvfp4_k_groups_cols_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, codes_ptr, scales_ptr, amax_ptr,
                                 ts_ptr, R, KP, T, s_r, s_k, r_r, r_k, E, EP: tl.constexpr, BR: tl.constexpr,
-                                BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr):
+                                BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, GROUP_ROWS: tl.constexpr,
+                                HW: tl.constexpr):
     """``_nvfp4_k_groups_kernel`` for tokens read down a strided dim, in slices (``quantize_cols_triton``)."""
     rows, out_c0, g, n, c0, ys = _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP, 16, BR,
                                                BK, RHT)
     a, b, idx = _group_sr_index(k1, g, step_ptr, n, rows, c0, r_r, r_k, 16, GROUP_ROWS, SR)
     qc.nvfp4_store_slices(ys, amax_ptr, g, ts_ptr, False, x_ptr, a, b, idx, r_k, rows, R, c0, n, out_c0, KP,
-                          codes_ptr, scales_ptr, SR, 1, True)
+                          codes_ptr, scales_ptr, SR, 1, True, HW)
     _store_group_decode_scales(amax_ptr, ts_ptr, E, EP)
 
 
@@ -222,9 +224,9 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
         args = (m, mt, offs, ends, step, key, codes, scales, amax, s_dec)
         if sliced:
-            _nvfp4_k_groups_cols_kernel[grid](*args, **view)
+            _nvfp4_k_groups_cols_kernel[grid](*args, **view, HW=hardware_fp4(x.device))
         else:
-            _nvfp4_k_groups_kernel[grid](*args, **view)
+            _nvfp4_k_groups_kernel[grid](*args, **view, HW=hardware_fp4(x.device))
         return codes, scales.view(torch.float8_e4m3fn), s_dec, ends
     codes = torch.empty(n_rows, kp, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, kp // 32, device=x.device, dtype=torch.uint8)

@@ -23,8 +23,9 @@ from autoprec.kernels.block_scales_triton import (
     nvfp4_block_scales,
 )
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.launch import cdiv, hardware_fp8
+from autoprec.kernels.launch import cdiv, hardware_fp4, hardware_fp8
 from autoprec.kernels.numerics_triton import (
+    e2m1_pair,
     encode_float8,
     hadamard_signs,
     pow2,
@@ -152,29 +153,29 @@ def tile_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK: 
 def _nvfp4_kernel(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                   R, K, s_r, s_k, r_r, r_k,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
-                  TILE2D: tl.constexpr):
+                  TILE2D: tl.constexpr, HW: tl.constexpr):
     nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr, R, K, s_r, s_k,
-               r_r, r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH, TILE2D)
+               r_r, r_k, tl.program_id(0), tl.program_id(1), BR, BK, RHT, SR, HASH, TILE2D, HW)
 
 
 @triton.jit
 def nvfp4_tile(x_ptr, m_ptr, rand_ptr, k1, k2, codes_ptr, scales_ptr, amax_ptr, ts_ptr,
                R, K, s_r, s_k, r_r, r_k, pid_r, pid_k,
                BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr,
-               TILE2D: tl.constexpr):
+               TILE2D: tl.constexpr, HW: tl.constexpr):
     """Quantizes tile (``pid_r``, ``pid_k``) of BR x BK of the (R, K) view to NVFP4 along K, with the tensor
     scales of the amax bits at ``amax_ptr``; tile (0, 0) writes the tensor's decode scale to ``ts_ptr``."""
     rows = pid_r * BR + tl.arange(0, BR)
     col0 = pid_k * BK
     y = _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR, BK, RHT)
     nvfp4_encode_store(y, amax_ptr, 0, ts_ptr, pid_r == 0 and pid_k == 0, rand_ptr, k1, k2, rows, col0, r_r, r_k,
-                       codes_ptr, scales_ptr, rows, col0, R, K, pid_r, BR, BK, SR, HASH, TILE2D, False)
+                       codes_ptr, scales_ptr, rows, col0, R, K, pid_r, BR, BK, SR, HASH, TILE2D, False, HW)
 
 
 @triton.jit
 def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, sr_rows, sr_col0, r_r, r_k, codes_ptr,
                        scales_ptr, rows, col0, R, K, pid_r, BR: tl.constexpr, BK: tl.constexpr, SR: tl.constexpr,
-                       HASH: tl.constexpr, TILE2D: tl.constexpr, GROUPED: tl.constexpr):
+                       HASH: tl.constexpr, TILE2D: tl.constexpr, GROUPED: tl.constexpr, HW: tl.constexpr):
     """NVFP4 codes and block scales of the [BR, BK/16, 16] fp32 tile ``y`` (rows ``rows``, columns from ``col0``),
     stored at ``codes_ptr`` and ``scales_ptr``, under the tensor scales of the amax bits at ``amax_ptr +
     amax_idx``: one tensor's or batch item's (a scalar ``amax_idx``; the ``first`` tile writes its decode scale
@@ -205,9 +206,12 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     rand = 0
     if SR:
         rand = _load_rand(rand_ptr, k1, k2, sr_rows, sr_col0, R, K, r_r, r_k, BR, BK, HASH)
-    codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
-    lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
-    packed = (lo | (hi << 4)).to(tl.uint8)
+    if HW and not SR:  # the GPU's conversion, a pair at a time
+        packed = e2m1_pair(*tl.split(tl.reshape(y * e_b[:, :, None], (BR, BK // 2, 2))), 0, 0, SR, HW).to(tl.uint8)
+    else:
+        codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
+        lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
+        packed = (lo | (hi << 4)).to(tl.uint8)
     pcols = col0 // 2 + tl.arange(0, BK // 2)
     pmask = (rows < R)[:, None] & (pcols < K // 2)[None, :]
     tl.store(codes_ptr + rows.to(tl.int64)[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
@@ -366,7 +370,7 @@ def quantize_triton(
         quantize_cols(fmt, args, s_dec, r_strides, scale_mode, common)
     elif fmt is NVFP4:
         _nvfp4_kernel[_grid(m)](*args, nvfp4_amax(m, mt, rht), s_dec, *m.shape, *m.stride(), *r_strides,
-                                TILE2D=tile2d, **common)
+                                TILE2D=tile2d, HW=hardware_fp4(x.device), **common)
     else:
         _mxfp8_kernel[_grid(m)](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode, x.device),
                                 **common)

@@ -35,6 +35,7 @@ from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
 from autoprec.kernels import wgrad_bf16_triton as wb
+from autoprec.kernels.launch import FP4_CONVERSIONS, FP8_CONVERSIONS
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
             "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "flag_ptr": "*i32", "M": "i32", "N": "i32",
@@ -129,7 +130,7 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     """Every quantizer (SR and RHT on), and the row quantizers as a launch specializes them."""
     nvfp4 = QUANT_POINTERS | {"amax_ptr": "*i32", "ts_ptr": "*fp32"} | SIZES
     mx = {"EBITS": E4M3.ebits, "MBITS": E4M3.mbits, "BIAS": E4M3.bias, "EMAX": E4M3.emax, "MAX": E4M3.max,
-          "FLOOR": False, "HW": True, "SR": True}  # HW: as a launch on sm_89 and later sets it
+          "FLOOR": False, "SR": True}
     out = []
     for suffix, hashed in (("", False), ("_hashed", True)):  # SR bits loaded, or hashed in the kernel
         out.append((f"quantize_nvfp4{suffix}", qt._nvfp4_kernel.fn, nvfp4,
@@ -157,6 +158,8 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
     wide = rows | {"BR": 64, "BK": 64}  # a tile of 32 elements per thread (4 warps)
     out.append(("quantize_nvfp4_rows_launch_br64_bk64", qt._nvfp4_kernel.fn, nvfp4 | bf16, wide | {"TILE2D": False},
                 {LAUNCH_ALIGNED: True}))
+    out.append(("quantize_nvfp4_rows_launch_br64_bk64_integer", qt._nvfp4_kernel.fn, nvfp4 | bf16,
+                wide | {"TILE2D": False, "HW": False}, {LAUNCH_ALIGNED: True}))  # RNE in integer arithmetic
     out.append(("quantize_mxfp8_rows_launch_br64_bk64", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 mx | wide, {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64_integer", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
@@ -184,9 +187,12 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
         for cfg in tiles(configs, full):
             out.append((f"cols_quantize_{fmt}_{tile_tag(cfg)}", kernel.fn, sig,
                         flags | cfg.kwargs, {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
-    rne = mx | {"s_r": 1, "SR": False, "HASH": 0, "RHT": False} | qc.MXFP8_CONFIGS[0].kwargs  # a weight's dgrad copy
-    out.append(("cols_quantize_mxfp8_rne_launch", qc._mxfp8_cols_kernel.fn, QUANT_POINTERS | SIZES | step, rne,
-                {"num_warps": qc.MXFP8_CONFIGS[0].num_warps, LAUNCH_ALIGNED: True}))
+    rne = {"s_r": 1, "SR": False, "HASH": 0, "RHT": False}  # a weight's column copy (dgrad's): round to nearest
+    for fmt, kernel, sig, flags, cfg in (
+            ("nvfp4", qc._nvfp4_cols_kernel, nvfp4, rne, qc.NVFP4_CONFIGS[0]),
+            ("mxfp8", qc._mxfp8_cols_kernel, QUANT_POINTERS | SIZES | step, mx | rne, qc.MXFP8_CONFIGS[0])):
+        out.append((f"cols_quantize_{fmt}_rne_launch", kernel.fn, sig, flags | cfg.kwargs,
+                    {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32", "s_b": "i32"}
     out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.RHT_AMAX_TILE,
@@ -396,6 +402,8 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
         names = kernel.arg_names
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
                  if n not in const and n not in qt.KEY_ARGS + qd.DUAL_KEY_ARGS}
+    if "HW" in kernel.arg_names:  # the hardware conversions, where a launch on this target takes them
+        const = {"HW": cap >= hardware_since(kernel)} | const
     src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
@@ -404,8 +412,16 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "vector_loads": "ld.global.v4" in ptx, "fma_lines": fma_lines(ptx),
             "fp8_cvt": "cvt.rn.satfinite.e4m3x2.f32" in ptx or "cvt.rn.satfinite.e5m2x2.f32" in ptx,
+            "fp4_cvt": "cvt.rn.satfinite.e2m1x2.f32" in ptx,
             **({"instructions": sass_instructions(k.asm["cubin"])} if sass else {}),
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
+
+
+def hardware_since(kernel) -> int:
+    """The first target (as ``GPUTarget``'s capability) whose launches of this quantizer round to nearest with the
+    hardware's conversion (``launch.hardware_fp4``, ``hardware_fp8``)."""
+    major, minor = FP4_CONVERSIONS if "nvfp4" in kernel.__name__ else FP8_CONVERSIONS
+    return 10 * major + minor
 
 
 def per_thread(const: dict, options: dict) -> dict:
@@ -415,16 +431,22 @@ def per_thread(const: dict, options: dict) -> dict:
     return {"per_thread": const["BR"] * const["BK"] // (32 * options.get("num_warps", 4))}
 
 
+# NVFP4 quantizers rounding to nearest, whose sm_100 launches convert to E2M1 in hardware, beside the integer path
+BLACKWELL_QUICK = ("quantize_nvfp4_rows_launch_br64_bk64", "quantize_nvfp4_rows_launch_br64_bk64_integer",
+                   "cols_quantize_nvfp4_rne_launch")
+
+
 def jobs(full: bool = True) -> list[tuple[tuple, int]]:
     """(kernel, target) pairs: every GEMM for sm_90 and sm_100, the grouped GEMMs for sm_80 (A100: its bf16 experts
     run them) and sm_120 (RTX 50x0 / PRO 6000, GB10: torch has no block-scaled grouped GEMM there) too, and the
     quantizers for sm_90 and sm_100. The quick report (not ``full``) compiles each quantizer at its first tile, for
     sm_90 alone: the quantizers use no tensor cores, and sm_100 builds them from the same Triton IR (for a third of
-    the quick report's compile time); and the grouped GEMMs for sm_90 and sm_100 alone (sm_80 and sm_120 take
-    another 40 CPU-seconds)."""
+    the quick report's compile time), but for ``BLACKWELL_QUICK``, whose code sm_100 changes (its E2M1
+    conversion); and the grouped GEMMs for sm_90 and sm_100 alone (sm_80 and sm_120 take another 40
+    CPU-seconds)."""
     quant = quantizers(full)
     return ([(k, cap) for k in gemm_kernels() for cap in (90, 100)] + [(k, 90) for k in quant]
-            + [(k, 100) for k in quant if full]
+            + [(k, 100) for k in quant if full or k[0] in BLACKWELL_QUICK]
             + [(k, cap) for k in grouped_gemms() for cap in ((80, 90, 100, 120) if full else (90, 100))])
 
 

@@ -29,16 +29,19 @@ def test_mode_selection(monkeypatch):
         assert dispatch.use_triton(cpu, None) is True
 
 
-def test_hardware_fp8_on_cuda_from_sm89_never_interpreted(monkeypatch):
-    """The MXFP8 kernels round to nearest with the GPU's fp8 conversion on a CUDA device from sm_89 on (Ada, Hopper,
-    Blackwell), in integer arithmetic on an A100 and always in the interpreter (whose casts round wrongly)."""
-    caps = {0: (8, 0), 1: (8, 9), 2: (9, 0), 3: (12, 0)}
+def test_hardware_conversions_on_cuda_from_sm89_and_sm100_never_interpreted(monkeypatch):
+    """The quantizers round to nearest with the GPU's conversions on a CUDA device: MXFP8 from sm_89 on (Ada, Hopper,
+    Blackwell), NVFP4 from sm_100 on (Blackwell); elsewhere in integer arithmetic, and always in the interpreter
+    (whose casts round wrongly)."""
+    caps = {0: (8, 0), 1: (8, 9), 2: (9, 0), 3: (10, 0), 4: (12, 0)}
     monkeypatch.setattr(launch, "_capability", caps.__getitem__)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert [launch.hardware_fp8(torch.device("cuda", i)) for i in caps] == [False, True, True, True]
-    assert not launch.hardware_fp8(torch.device("cpu"))
+    cuda = [torch.device("cuda", i) for i in caps]
+    assert [launch.hardware_fp8(d) for d in cuda] == [False, True, True, True, True]
+    assert [launch.hardware_fp4(d) for d in cuda] == [False, False, False, True, True]
+    assert not launch.hardware_fp8(torch.device("cpu")) and not launch.hardware_fp4(torch.device("cpu"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not launch.hardware_fp8(torch.device("cuda", 2))
+    assert not launch.hardware_fp8(cuda[2]) and not launch.hardware_fp4(cuda[3])
 
 
 def test_rht_option_equals_transform_then_quantize(monkeypatch):

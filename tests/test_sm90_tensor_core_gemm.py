@@ -117,8 +117,8 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report, report_sco
         assert found and all(r["sr_hash"] == hashed(r["kernel"]) for r in found), found
         return sum(r["cap"] == 90 for r in found)
 
-    # SR bits loaded or hashed, and the five launch-specialized row kernels (round to nearest)
-    assert on_sm90("quantize_nvfp4", "quantize_mxfp8", hashed=lambda name: "_hashed" in name) == 9 + 2 * (
+    # SR bits loaded or hashed, and the six launch-specialized row kernels (round to nearest)
+    assert on_sm90("quantize_nvfp4", "quantize_mxfp8", hashed=lambda name: "_hashed" in name) == 10 + 2 * (
         tiles(QUANT_CONFIGS) - 1)
     assert on_sm90("quantize_dual_nvfp4", "quantize_dual_mxfp8", "dual_launch") == (
         2 if report_scope == "full" else 1) * (tiles(qd.NVFP4_CONFIGS) + tiles(qd.MXFP8_CONFIGS))
@@ -133,23 +133,30 @@ def test_ptx_sm90_and_sm100_quantizers_hash_their_sr_bits(ptx_report, report_sco
 def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_report, report_scope):
     """Compiled as Triton specializes a launch on a row-major bf16 tensor (aligned, unit stride), the row
     quantizers read 16 bytes per load."""
-    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"]]  # two tiles, two formats, and MXFP8 rounding
-    assert len(launched) == 5 * len(measured_caps(report_scope))  # in integer arithmetic too, for each target
-    assert all(r["vector_loads"] for r in launched)
+    launched = [r for r in ptx_report if "_rows_launch" in r["kernel"] and r["cap"] == 90]
+    assert len(launched) == 6 and all(r["vector_loads"] for r in launched)  # 2 tiles + integer RNE, 2 formats
 
 
-def test_ptx_sm90_and_sm100_mxfp8_quantizers_round_to_nearest_with_the_fp8_conversion(ptx_report, report_scope):
-    """Launched on sm_89 and later (``launch.hardware_fp8``), MXFP8 kernels that round to nearest convert with the
-    GPU's saturating fp8 conversion (``round_and_encode_fp8``): the row quantizer as launched, at both tiles, and
-    a weight's column copy (dgrad's, in slices); the row quantizer at 32 elements per thread then takes at most
-    0.8x the SASS instructions per element of the same kernel rounding in integer arithmetic, the interpreter's
-    path (752 against 984 on sm_90). No kernel with SR converts (the hardware's SR is not the reference's)."""
+def test_ptx_sm90_and_sm100_quantizers_round_to_nearest_with_the_hardware_conversions(ptx_report, report_scope):
+    """Quantizers rounding to nearest convert with the GPU's saturating conversion where their launches take it
+    (``launch.hardware_fp8``: MXFP8 from sm_89, ``round_and_encode_fp8``; ``hardware_fp4``: NVFP4 from sm_100,
+    ``e2m1_pair``): the row quantizers as launched and a weight's column copy (dgrad's, in slices). At 32
+    elements per thread a row quantizer then takes at most 0.8x the SASS instructions per element of the same
+    kernel rounding in integer arithmetic, the interpreter's path (MXFP8 on sm_90: 752 against 984; NVFP4 on
+    sm_100: 728 against 1032). No kernel with SR converts (the hardware's SR is not the reference's), nor NVFP4 on
+    sm_90 (no E2M1 conversion there)."""
+    fp8 = {"quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch"}
+    fp4 = {"quantize_nvfp4_rows_launch", "quantize_nvfp4_rows_launch_br64_bk64", "cols_quantize_nvfp4_rne_launch"}
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
-        assert {name for name, r in rows.items() if r["fp8_cvt"]} == {
-            "quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch"}
+        assert {name for name, r in rows.items() if r["fp8_cvt"]} == fp8
         hardware, integer = (rows[f"quantize_mxfp8_rows_launch_br64_bk64{tag}"] for tag in ("", "_integer"))
         assert per_element(hardware) <= 0.8 * per_element(integer), (hardware, integer)
+    converted = {(r["kernel"], r["cap"]) for r in ptx_report if r["fp4_cvt"]}
+    assert converted == {(name, 100) for name in (fp4 if report_scope == "full" else fp4 & set(script.BLACKWELL_QUICK))}
+    rows = {r["kernel"]: r for r in ptx_report if r["cap"] == 100}
+    hardware, integer = (rows[f"quantize_nvfp4_rows_launch_br64_bk64{tag}"] for tag in ("", "_integer"))
+    assert per_element(hardware) <= 0.8 * per_element(integer), (hardware, integer)
 
 
 def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_scope):
