@@ -8,7 +8,8 @@ quantizers as a launch specializes them, with their SASS instruction counts). Ru
 TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process
 per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles each
 autotuned quantizer at its first tile alone, the one-read quantizers only as a launch specializes them, the
-quantizers for sm_90 alone and the grouped GEMMs for sm_90 and sm_100 alone (``jobs``)."""
+quantizers for sm_90 alone (but ``BLACKWELL_QUICK``) and the grouped GEMMs for sm_90 and sm_100 alone
+(``jobs``). Quantizers compile with the hardware conversions where a launch on the target takes them (``HW``)."""
 from __future__ import annotations
 
 import functools
