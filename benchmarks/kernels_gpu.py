@@ -83,7 +83,10 @@ def main() -> None:
     from autoprec.kernels.random_bits import sr_stream
 
     x = torch.randn(n, n, device=rig.device, dtype=torch.bfloat16)
-    print(f"{'CPU' if rig.dry else torch.cuda.get_device_name()}  x: {n}x{n} bf16")
+    from autoprec.kernels.launch import hardware_fp4, hardware_fp8
+
+    print(f"{'CPU' if rig.dry else torch.cuda.get_device_name()}  x: {n}x{n} bf16; round to nearest by the "
+          f"hardware's conversion: MXFP8 {hardware_fp8(x.device)}, NVFP4 {hardware_fp4(x.device)}")
     print(f"{'quantize':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}  tile (BRxBK/warps) the autotuner chose")
     seed = sr_stream(1, 1)
     cases = [
