@@ -134,6 +134,17 @@ def decode_float8(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexp
 
 
 @triton.jit
+def decode_fp8(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr,
+               HW: tl.constexpr):
+    """``decode_float8`` of uint8 codes, or with HW (a GPU converting fp8 in hardware: sm_89 on) the hardware's
+    conversion through fp16, exact for both formats (a NaN stays NaN, with the hardware's payload)."""
+    if HW:
+        fp8: tl.constexpr = tl.float8e5 if HAS_INF else tl.float8e4nv
+        return c.to(fp8, bitcast=True).to(tl.float32)
+    return decode_float8(c, EBITS, MBITS, BIAS, HAS_INF)
+
+
+@triton.jit
 def decode_e2m1(c):
     """fp32 value of 4-bit E2M1 codes held in an int tensor, from bits: magnitude m >= 2 is 2**(m//2 - 1) ·
     (1 + (m % 2) / 2), whose fp32 bits are (m + 252) << 22; m = 1 is 0.5, m = 0 zero; bit 3 the sign."""

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.launch import cdiv, interpreting
+from autoprec.kernels.launch import cdiv, hardware_fp8, interpreting
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
 from autoprec.kernels.scaled_mm_triton import (
     apply_tensor_scales,
@@ -41,7 +41,7 @@ GEMM_BLOCKS, GEMM_WARPS, GEMM_STAGES = (128, 128, 64), 8, 3  # the Triton GEMM o
 def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
                    KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
                    HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                   IN_FP32: tl.constexpr, CHECK: tl.constexpr):
+                   IN_FP32: tl.constexpr, CHECK: tl.constexpr, HW: tl.constexpr):
     """bf16 ``code · block scale`` of a (BR, BK) tile (BR a multiple of TILE_ROWS); with CHECK, sets the int32 at
     ``flag_ptr`` to 1 when a value of the tile is not a bf16 normal number or zero (its low 16 bits set, or an fp32
     subnormal; NaN decodes to NaN either way)."""
@@ -52,7 +52,7 @@ def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
     rows = tl.arange(0, BR)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     tile = decode_tile(codes_ptr, scales_ptr, rows, tl.program_id(1) * BK, R, K, BK, KIND, EBITS, MBITS, BIAS,
-                       HAS_INF, TILE_ROWS, True)
+                       HAS_INF, TILE_ROWS, True, HW)
     mask = (rows < R)[:, None] & (kk < K)[None, :]
     if CHECK:
         bits = tile.to(tl.int32, bitcast=True)
@@ -93,7 +93,7 @@ def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
     check = flag is not None and op.kind == KIND_MXFP8
     _decode_kernel[grid](codes, scales, out, flag if check else codes, op.rows, op.k, *meta,
                          op.tile_rows if op.kind == KIND_NVFP4 else 1, BR=DECODE_R, BK=DECODE_K, IN_FP32=interpret,
-                         CHECK=check)
+                         CHECK=check, HW=hardware_fp8(codes.device))
     return out.to(torch.bfloat16)
 
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from autoprec.kernels.launch import cdiv, interpreting
-from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, to_bf16_bits
+from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, decode_fp8, to_bf16_bits
 from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 
 BLOCK_M = 32
@@ -31,7 +31,7 @@ def bf16_dot() -> int:
 @triton.jit
 def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
                 KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr):
+                HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr, HW: tl.constexpr = False):
     """[len(rows), BK] tile, columns k0 .. k0 + BK, of one operand: quantized ones (0 = NVFP4, 1 = MXFP8) decoded
     to fp32 (``decode_codes``), plain values (2 = BF16, 3 = BF16 with a tensor scale: an NVFP4 operand decoded to
     bf16) loaded as stored, for ``dot_operand`` to cast: a bf16 tile then reaches a bf16 dot as loaded. One
@@ -42,14 +42,14 @@ def decode_tile(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
                        other=0.0)
     else:
         tile = decode_codes(codes_ptr, scales_ptr, rows, k0, R, K, BK, KIND, EBITS, MBITS, BIAS, HAS_INF, TILE_ROWS,
-                            PER_BLOCK)
+                            PER_BLOCK, HW)
     return tile
 
 
 @triton.jit
 def decode_codes(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
                  KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                 HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr):
+                 HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, PER_BLOCK: tl.constexpr, HW: tl.constexpr = False):
     """fp32 [len(rows), BK] tile, columns k0 .. k0 + BK, of a quantized operand (0 = NVFP4, 1 = MXFP8): code times
     block scale, exact in fp32; NVFP4's tensor scale is left to the accumulator (``apply_tensor_scales``).
     PER_BLOCK reads each packed byte once and decodes each block scale once, then broadcasts it over its block
@@ -78,10 +78,10 @@ def decode_codes(codes_ptr, scales_ptr, rows, k0, R, K, BK: tl.constexpr,
                        other=0).to(tl.int32)
         vals = tl.reshape(tl.join(decode_e2m1(byte & 0xF), decode_e2m1(byte >> 4)), (BR, BK))  # even k: low nibble
         s = tl.load(scales_ptr + (rows // TILE_ROWS)[:, None] * (K // BLOCK) + blk[None, :], mask=smask, other=0)
-        scale = decode_float8(s, 4, 3, 7, False)
+        scale = decode_fp8(s, 4, 3, 7, False, HW)
     else:
-        vals = decode_float8(tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0), EBITS, MBITS,
-                             BIAS, HAS_INF)
+        vals = decode_fp8(tl.load(codes_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0), EBITS, MBITS,
+                          BIAS, HAS_INF, HW)
         scale = decode_e8m0(tl.load(scales_ptr + rows[:, None] * (K // BLOCK) + blk[None, :], mask=smask, other=127))
     return tl.reshape(tl.reshape(vals, (BR, BK // BLOCK, BLOCK)) * scale[:, :, None], (BR, BK))
 

@@ -116,9 +116,11 @@ def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
         const = {k: v for k, v in meta.items() if k != "INF"} | {
             "HAS_INF": meta["INF"], "TILE_ROWS": 1, "BR": dec.DECODE_R, "BK": dec.DECODE_K, "IN_FP32": False,
             "CHECK": f == "mxfp8"}
-        out.append((f"decode_{f}", dec._decode_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8",
-                                                        "out_ptr": "*bf16", "flag_ptr": "*i32", "R": "i32",
-                                                        "K": "i32"}, const, {}))
+        sig = {"codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16", "flag_ptr": "*i32", "R": "i32", "K": "i32"}
+        out.append((f"decode_{f}", dec._decode_kernel, sig, const, {}))
+    # MXFP8's decode as a launch specializes it, by the hardware's fp8 conversion, and in integer arithmetic
+    out.append(("decode_mxfp8_launch", dec._decode_kernel, sig, const, {LAUNCH_ALIGNED: True}))
+    out.append(("decode_mxfp8_launch_integer", dec._decode_kernel, sig, const | {"HW": False}, {LAUNCH_ALIGNED: True}))
     epilogue = {"acc_ptr": "*fp32", "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16",
                 "M": "i32", "N": "i32"}
     out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,
@@ -414,6 +416,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "vector_loads": "ld.global.v4" in ptx, "fma_lines": fma_lines(ptx),
             "fp8_cvt": "cvt.rn.satfinite.e4m3x2.f32" in ptx or "cvt.rn.satfinite.e5m2x2.f32" in ptx,
             "fp4_cvt": "cvt.rn.satfinite.e2m1x2.f32" in ptx,
+            "fp8_decode": "cvt.rn.f16x2.e4m3x2" in ptx or "cvt.rn.f16x2.e5m2x2" in ptx,
             **({"instructions": sass_instructions(k.asm["cubin"])} if sass else {}),
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
 

@@ -196,6 +196,18 @@ def test_ptx_sm90_and_sm100_one_read_quantizer_costs_no_more_than_the_two_kernel
                 assert one["vector_loads"] and per_element(one) <= two, (one, two)
 
 
+def test_ptx_sm90_and_sm100_mxfp8_decode_converts_in_hardware(ptx_report):
+    """The decoded path's MXFP8 decode (sm_90's GEMMs decode each operand to bf16 before cuBLAS's GEMM), as a launch
+    compiles it, reads its E4M3 codes through the GPU's exact fp8 conversion (``decode_fp8``: sm_89 on) and takes at
+    most 0.6x the SASS instructions per element of the same kernel decoding in integer arithmetic (544 against 1008
+    on sm_90: 17 per element, where an H200's HBM moves the byte in and the bf16 out in the time of about 20)."""
+    for cap in (90, 100):
+        rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
+        hardware, integer = rows["decode_mxfp8_launch"], rows["decode_mxfp8_launch_integer"]
+        assert hardware["fp8_decode"] and not integer["fp8_decode"] and hardware["vector_loads"]
+        assert per_element(hardware) <= 0.6 * per_element(integer), (hardware, integer)
+
+
 def test_ptx_sm90_and_sm100_quantizers_fuse_only_exact_products(ptx_report):
     """The bit-exact kernels (those tiled BR x BK: quantizers, amax passes, decodes; not the GEMMs and their
     epilogue, whose tolerance is the accumulation order's) round like the references under FP fusion (Triton
