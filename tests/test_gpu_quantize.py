@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch
+from autoprec.kernels import dispatch, launch
 from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
@@ -96,6 +96,19 @@ def test_gpu_every_column_tile_equals_reference(monkeypatch, fmt, config):
 
 
 GRADIENT_PAIR = (QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
+def test_gpu_hardware_conversions_equal_the_integer_path(monkeypatch, fmt):
+    """Rounding to nearest by the GPU's conversions (MXFP8 from sm_89, NVFP4 from sm_100: ``launch.hardware_fp8``,
+    ``hardware_fp4``) writes the bytes the integer path writes on the same GPU, rows and column copies of bf16
+    edge data: a mismatch here names the conversions, where the reference tests above would not say which path."""
+    x = edge_tensor(768, 1536).bfloat16().cuda()
+    hardware = [dispatch.quantize(x, fmt, axis) for axis in (1, 0)]
+    monkeypatch.setattr(launch, "_capability", lambda index: (8, 0))  # a GPU without them: the integer path
+    for axis, got in zip((1, 0), hardware):
+        problem = mismatch(got, dispatch.quantize(x, fmt, axis))
+        assert problem is None, (axis, problem)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
