@@ -1,6 +1,6 @@
 """Host-side arithmetic of the Triton launches (grids), kept in plain Python: ``triton.cdiv`` is a constexpr
 function in Triton 3.9, whose argument unwrapping costs about 2 us per host call, several per launch; and whether
-the launches run in Triton's interpreter, and whether the GPU converts fp32 to fp8 in hardware."""
+the launches run in Triton's interpreter, and which of the GPU's format conversions the kernels may take."""
 from __future__ import annotations
 
 import functools

@@ -111,16 +111,18 @@ def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
                                         "DOT": fp32.DOT_FP32, "GUARDED": True}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
+    sig = {"codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16", "flag_ptr": "*i32", "R": "i32", "K": "i32"}
+    decode = {}
     for f in ("nvfp4", "mxfp8"):  # the decoded + cuBLAS path's decode, and its epilogue
         meta = operand_meta(f)
-        const = {k: v for k, v in meta.items() if k != "INF"} | {
+        decode[f] = {k: v for k, v in meta.items() if k != "INF"} | {
             "HAS_INF": meta["INF"], "TILE_ROWS": 1, "BR": dec.DECODE_R, "BK": dec.DECODE_K, "IN_FP32": False,
             "CHECK": f == "mxfp8"}
-        sig = {"codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16", "flag_ptr": "*i32", "R": "i32", "K": "i32"}
-        out.append((f"decode_{f}", dec._decode_kernel, sig, const, {}))
+        out.append((f"decode_{f}", dec._decode_kernel, sig, decode[f], {}))
     # MXFP8's decode as a launch specializes it, by the hardware's fp8 conversion, and in integer arithmetic
-    out.append(("decode_mxfp8_launch", dec._decode_kernel, sig, const, {LAUNCH_ALIGNED: True}))
-    out.append(("decode_mxfp8_launch_integer", dec._decode_kernel, sig, const | {"HW": False}, {LAUNCH_ALIGNED: True}))
+    out.append(("decode_mxfp8_launch", dec._decode_kernel, sig, decode["mxfp8"], {LAUNCH_ALIGNED: True}))
+    out.append(("decode_mxfp8_launch_integer", dec._decode_kernel, sig, decode["mxfp8"] | {"HW": False},
+                {LAUNCH_ALIGNED: True}))
     epilogue = {"acc_ptr": "*fp32", "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16",
                 "M": "i32", "N": "i32"}
     out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,
@@ -422,8 +424,8 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
 
 
 def hardware_since(kernel) -> int:
-    """The first target (as ``GPUTarget``'s capability) whose launches of this quantizer round to nearest with the
-    hardware's conversion (``launch.hardware_fp4``, ``hardware_fp8``)."""
+    """The first target (as ``GPUTarget``'s capability) whose launches of this kernel take the hardware's format
+    conversions (``launch.hardware_fp4`` for the NVFP4 quantizers, else ``hardware_fp8``)."""
     major, minor = FP4_CONVERSIONS if "nvfp4" in kernel.__name__ else FP8_CONVERSIONS
     return 10 * major + minor
 
