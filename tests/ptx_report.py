@@ -9,21 +9,17 @@ TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/pt
 per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles each
 autotuned quantizer at its first tile alone, the one-read quantizers only as a launch specializes them, the
 quantizers for sm_90 alone (but ``BLACKWELL_QUICK``) and the grouped GEMMs for sm_90 and sm_100 alone
-(``jobs``). Quantizers compile with the hardware conversions where a launch on the target takes them (``HW``)."""
+(``jobs``). Quantizers compile with the hardware conversions where a launch on the target takes them (``HW``).
+``ptx_compile.report`` compiles one kernel and reads its PTX and cubin."""
 from __future__ import annotations
 
 import functools
 import json
 import multiprocessing
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from ptx_compile import LAUNCH_ALIGNED, report
 
 from autoprec.formats import get_format
 from autoprec.kernels import grouped_mm_triton as gg
@@ -36,7 +32,6 @@ from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
 from autoprec.kernels import wgrad_bf16_triton as wb
-from autoprec.kernels.launch import FP4_CONVERSIONS, FP8_CONVERSIONS
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
             "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "flag_ptr": "*i32", "M": "i32", "N": "i32",
@@ -58,20 +53,6 @@ def constexprs(fmt: str) -> dict:
                   "BK": tc.BLOCK_K, "GUARDED": False}
 
 
-def cuobjdump(cubin: bytes, flag: str) -> str:
-    """What Triton's bundled ``cuobjdump`` prints for ``cubin`` with ``flag``."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
-
-
-def resource_usage(cubin: bytes) -> dict:
-    m = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(cubin, "--dump-resource-usage"))
-    return {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {}
-
-
 QUANT_POINTERS = {"x_ptr": "*fp32", "m_ptr": "*fp32", "rand_ptr": "*i32", "k1": "i32", "k2": "i32", "codes_ptr": "*u8",
                   "scales_ptr": "*u8"}
 SIZES = {"R": "i32", "K": "i32", "s_r": "i32", "s_k": "i32", "r_r": "i32", "r_k": "i32"}
@@ -87,12 +68,6 @@ def tile_tag(config) -> str:
 def tiles(configs: list, full: bool) -> list:
     """The autotuned configs to compile: all of them, or (the quick report) the first."""
     return list(configs) if full else list(configs[:1])
-
-
-def kernels(full: bool = True) -> list[tuple[str, object, dict, dict, dict]]:
-    """(name, kernel, signature, constexprs, launch options) of every GPU kernel; without ``full``, each
-    autotuned quantizer at its first tile only."""
-    return gemm_kernels() + quantizers(full) + grouped_gemms()
 
 
 def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
@@ -373,68 +348,6 @@ def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
                    const("bf16", gg.BF16_BLOCKS, fp32.DOT_BF16, scaled=True) | equal, gg.BF16_OPTIONS),
                   ("fp32_grouped_batched_mxfp8", gg.grouped_mm_kernel, sig,
                    const("mxfp8", gg.FP32_BLOCKS, fp32.DOT_FP32) | {"GUARDED": True} | equal, {})]
-
-
-def sass_instructions(cubin: bytes) -> int:
-    """How many instructions the cubin's SASS has (a static count: loops unrolled by Triton count in full)."""
-    return len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?[A-Z]", cuobjdump(cubin, "-sass")))
-
-
-LAUNCH_ALIGNED = "aligned"  # a launch option of this report: compile as Triton specializes a launch (see below)
-
-
-def fma_lines(ptx: str) -> list[str]:
-    """The source lines (``file.py:line``, from the PTX's ``.loc`` records) of the PTX's fp32 fused multiply-adds:
-    an FMA rounds once where the source's multiply then add round twice, unless the product is exact."""
-    files = dict(re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M))
-    lines, loc = set(), "?:0"
-    for line in ptx.splitlines():
-        if m := re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", line):
-            loc = f"{os.path.basename(files.get(m.group(1), '?'))}:{m.group(2)}"
-        elif re.match(r"\s*(@!?%p\d+\s+)?fma\.rn(\.ftz)?\.f32\b", line):
-            lines.add(loc)
-    return sorted(lines)
-
-
-def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: int, sass: bool = True) -> dict:
-    """Compile one kernel for sm_``cap``. With ``options[LAUNCH_ALIGNED]``, every pointer is declared 16-byte
-    aligned and every size and stride a multiple of 16, as Triton declares a launch's arguments that are (the
-    SR keys excepted: never specialized); that is what lets it vectorize loads. Without ``sass``, no SASS
-    instruction count (disassembling takes a fifth of a quantizer's report)."""
-    options = dict(options)
-    attrs = {}
-    if options.pop(LAUNCH_ALIGNED, False):
-        names = kernel.arg_names
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
-                 if n not in const and n not in qt.KEY_ARGS + qd.DUAL_KEY_ARGS}
-    if "HW" in kernel.arg_names:  # the hardware conversions, where a launch on this target takes them
-        const = {"HW": cap >= hardware_since(kernel)} | const
-    src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const, attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
-    ptx = k.asm["ptx"]
-    return {"kernel": name, "cap": cap, "wgmma": "wgmma.mma_async" in ptx, "tcgen05": "tcgen05.mma" in ptx,
-            "mma_sync": "mma.sync" in ptx,  # the warp-level tensor-core MMA (sm_80 to sm_120)
-            "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
-            "vector_loads": "ld.global.v4" in ptx, "fma_lines": fma_lines(ptx),
-            "fp8_cvt": "cvt.rn.satfinite.e4m3x2.f32" in ptx or "cvt.rn.satfinite.e5m2x2.f32" in ptx,
-            "fp4_cvt": "cvt.rn.satfinite.e2m1x2.f32" in ptx,
-            "fp8_decode": "cvt.rn.f16x2.e4m3x2" in ptx or "cvt.rn.f16x2.e5m2x2" in ptx,
-            **({"instructions": sass_instructions(k.asm["cubin"])} if sass else {}),
-            "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
-
-
-def hardware_since(kernel) -> int:
-    """The first target (as ``GPUTarget``'s capability) whose launches of this kernel take the hardware's format
-    conversions (``launch.hardware_fp4`` for the NVFP4 quantizers, else ``hardware_fp8``)."""
-    major, minor = FP4_CONVERSIONS if "nvfp4" in kernel.__name__ else FP8_CONVERSIONS
-    return 10 * major + minor
-
-
-def per_thread(const: dict, options: dict) -> dict:
-    """A quantizer's elements per thread (its BR x BK tile over its threads), where the tile is a constexpr."""
-    if "BR" not in const or "BK" not in const:  # (the GEMMs' tiles are BM x BN x BK)
-        return {}
-    return {"per_thread": const["BR"] * const["BK"] // (32 * options.get("num_warps", 4))}
 
 
 # NVFP4 quantizers rounding to nearest, whose sm_100 launches convert to E2M1 in hardware, beside the integer path
