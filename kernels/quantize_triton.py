@@ -206,7 +206,10 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     rand = 0
     if SR:
         rand = _load_rand(rand_ptr, k1, k2, sr_rows, sr_col0, R, K, r_r, r_k, BR, BK, HASH)
-    if HW and not SR:  # the GPU's conversion, a pair at a time
+    # the GPU's conversion takes a pair at a time; the integer path encodes the whole tile before splitting it, as
+    # it did before the conversion (splitting first, through e2m1_pair, moved the SR kernels' registers and
+    # instruction counts both ways in tests/ptx_report.py: 48 -> 163 registers for one column tile kernel)
+    if HW and not SR:
         packed = e2m1_pair(*tl.split(tl.reshape(y * e_b[:, :, None], (BR, BK // 2, 2))), 0, 0, SR, HW).to(tl.uint8)
     else:
         codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
