@@ -9,8 +9,9 @@ scales); SR bits are hashed in the kernels. "both" rows write the rowwise and co
 makes them (two quantizations on a GPU for now), "one read" rows from one read by the one-read kernel.
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on the
 same shape, alone and with both operands' quantization; each row names the path dispatch took (native, decoded,
-tensor_core, fp32), and the in-register Triton GEMM and Triton's GEMM over the decoded operands (its epilogue in
-registers, no fp32 product in memory) run beside the decoded + cuBLAS one (--sweep: at several tiles). Grouped
+tensor_core, fp32; "dec" with the product the decoded path timed faster at its first call), and beside it the
+in-register Triton GEMM and the decoded path's two products alone: cuBLAS's (an fp32 product, then the epilogue
+pass) and Triton's GEMM (its epilogue in registers, no fp32 product in memory; --sweep: at several tiles). Grouped
 rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against torch's bf16 grouped
 GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside rows forced to one GEMM
 per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves undefined; into fp32,
@@ -133,7 +134,7 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.dispatch import gemm_path
     from autoprec.kernels.operand import as_operand
-    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
+    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_cublas, scaled_mm_decoded_triton
     from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
@@ -148,6 +149,8 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
         a = x if fmt == "bf16" else quantize(x, fmt, 1)
         b = w if fmt == "bf16" else quantize(w, fmt, 0)
         path, _ = gemm_path(capability, as_operand(a, 1, "a"), as_operand(b, 0, "b"))
+        if path == "decoded":  # the first call times cuBLAS's and Triton's products and keeps the faster
+            path = f"dec, {chosen_product(lambda: scaled_mm(a, b, out_dtype=torch.bfloat16))}"
         row(rig, f"autoprec {fmt} ({path})", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
         if fmt != "bf16":  # with both operands' quantization, as a step runs it (TE's "with quantization")
             row(rig, "  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
@@ -167,9 +170,22 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
         if path != "tensor_core":  # the other sm_90 design: tiles decoded in registers
             row(rig, "  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
                 peak)
-        # the operands decoded as for cuBLAS, multiplied by Triton's GEMM, the epilogue in its registers
+        # the decoded path's two products, each alone: cuBLAS's (then the fp32 product's epilogue pass), and
+        # Triton's GEMM with the epilogue in its registers
+        row(rig, "  decoded + cuBLAS", lambda: scaled_mm_decoded_cublas(oa, ob, None, torch.bfloat16), flops, ms_bf16,
+            peak)
         row(rig, "  decoded + Triton GEMM", lambda: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16), flops,
             ms_bf16, peak)
+
+
+def chosen_product(call) -> str:
+    """The product(s) the decoded path chose at the keys ``call`` (run once here) met first."""
+    from autoprec.kernels import gemm_choice
+
+    before = gemm_choice.chosen()
+    call()
+    new = {name for key, name in gemm_choice.chosen().items() if key not in before}
+    return "/".join(sorted(new)) or "chosen before"
 
 
 SWEEP = [(128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 128, 64, 4, 3),

@@ -2,12 +2,12 @@
 (``cpu_fused``; the reference where they cannot be built, with the reason in ``unavailable_reason()``).
 
 The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native block-scaled GEMM
-(``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands;
-else the operands decoded to bf16 for cuBLAS's bf16 GEMM (``scaled_mm_decoded``, which recomputes in fp32, on
-the device, a product with values bf16 does not hold); in the interpreter or with ``AUTOPREC_KERNELS=triton``,
-Triton on tensor cores with tiles decoded in registers, or the fp32 Triton kernel for MXFP8 scale exponents
-outside bf16's range. A batched (B, M, K) x (B, K, N) product runs as one grouped GEMM of B equal groups on those
-devices (``batched``), not one GEMM per item. The GPU paths read no device value on the host.
+(``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands; else
+the operands decoded to bf16 for a bf16 GEMM, cuBLAS's or Triton's as timed on the GPU (``scaled_mm_decoded``,
+which recomputes in fp32, on the device, a product with values bf16 does not hold); in the interpreter or with
+``AUTOPREC_KERNELS=triton``, Triton on tensor cores with tiles decoded in registers, or the fp32 Triton kernel for
+MXFP8 scale exponents outside bf16's range. A batched (B, M, K) x (B, K, N) product runs as one grouped GEMM of B
+equal groups on those devices (``batched``), not one GEMM per item. The GPU paths read no device value on the host.
 
 ``AUTOPREC_KERNELS=triton`` forces Triton (on CPU that needs TRITON_INTERPRET=1), ``=ref`` forces the
 reference, ``=ref_inductor`` the reference compiled by inductor, ``auto`` (or unset) chooses by device.
@@ -270,8 +270,8 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tuple[str, str | None]:
     """Which matmul runs these operands on a GPU of this compute capability (None: the Triton interpreter), and
     why the path before it in this order was not taken (None for the first). In ``auto`` mode: ``native``
-    (cuBLAS's block-scaled GEMM, sm_100 and later), else ``decoded`` (operands decoded to bf16, then cuBLAS's
-    bf16 GEMM; values bf16 does not hold are found on the device and that product recomputed in fp32). Neither
+    (cuBLAS's block-scaled GEMM, sm_100 and later), else ``decoded`` (operands decoded to bf16, then cuBLAS's or
+    Triton's bf16 GEMM; values bf16 does not hold are found on the device and that product recomputed in fp32). Neither
     reads the operands' values on the host, which would wait for the GPU. With ``AUTOPREC_KERNELS=triton`` or in
     the interpreter, ``tensor_core`` (Triton, tiles decoded to bf16 in registers), or ``fp32`` (Triton, tiles in
     fp32) where MXFP8 scales leave bf16's exact range (checked on the host). On an H200 the decoded path ran at

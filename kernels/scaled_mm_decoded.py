@@ -1,18 +1,17 @@
 """Block-scaled matmul as two library-grade steps, for GPUs without block-scaled MMA (sm_90): each operand
 decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact for NVFP4 and for MXFP8 scale
 exponents away from E8M0's ends; where a value is not a bf16 normal the kernel sets a device flag, and the
-fp32 Triton kernel recomputes the product in place), then cuBLAS's bf16 GEMM accumulating in fp32
-(``torch.mm(..., out_dtype=torch.float32)``). One Triton pass then multiplies the fp32 product by the NVFP4
-tensor scales, adds the bias and rounds once to the output dtype, in the reference's order. MXFP8 without
-bias to bf16 skips that pass (cuBLAS rounds its fp32 accumulator once) when
-``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction`` is off: torch's default lets cuBLAS
-add split-K partial sums in bf16. It equals the reference up to fp32 accumulation order; it costs a write
-and a read of each operand in bf16 (and of the fp32 product when the epilogue runs) next to the GEMM.
+fp32 Triton kernel recomputes the product in place), then a bf16 tensor-core GEMM accumulating in fp32, and
+NVFP4's tensor scales, the bias and one rounding to the output dtype applied to that accumulator, in the
+reference's order. It equals the reference up to fp32 accumulation order.
 
-``scaled_mm_decoded_triton`` multiplies the same decoded operands with Triton's bf16 tensor-core GEMM instead
-(``scaled_mm_triton``'s kernel reading bf16 tiles as stored), whose epilogue applies the tensor scales, bias
-and the rounding in registers: no fp32 product in memory. Which of the two is faster is a GPU measurement
-(``benchmarks/kernels_gpu.py``); dispatch runs cuBLAS's until one says otherwise.
+The GEMM is one of two products, each GEMM key measured once on the GPU (``gemm_choice``): cuBLAS's
+(``torch.mm(..., out_dtype=torch.float32)``, then one Triton pass for the epilogue: a write and a read of the fp32
+product next to the GEMM; MXFP8 without bias to bf16 skips that pass, cuBLAS rounding its fp32 accumulator once,
+when ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction`` is off: torch's default lets cuBLAS
+add split-K partial sums in bf16), or Triton's (``scaled_mm_triton``'s kernel reading the bf16 tiles as stored,
+the epilogue in its registers: no fp32 product in memory). ``scaled_mm_decoded_cublas`` and
+``scaled_mm_decoded_triton`` run one of them.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autoprec.kernels.gemm_choice import choose, tokens_bucket
 from autoprec.kernels.launch import cdiv, hardware_fp8, interpreting
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
 from autoprec.kernels.scaled_mm_triton import (
@@ -98,16 +98,36 @@ def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked. Nothing is read back to the host
-    (values bf16 does not hold, MXFP8 scale exponents near E8M0's ends, are found on the device: ``_exact``)."""
+    """(M, K) · (N, K)ᵀ -> (M, N) in ``out_dtype``; operands already checked. The product of the decoded operands
+    is cuBLAS's or Triton's, whichever ``gemm_choice`` measured faster for this GEMM. Nothing is read back to the
+    host (values bf16 does not hold, MXFP8 scale exponents near E8M0's ends, are found on the device: ``_exact``)."""
+    def product(da: torch.Tensor, db: torch.Tensor) -> torch.Tensor:
+        products = {"cublas": lambda: _cublas(a, b, da, db, bias, out_dtype),
+                    "triton": lambda: _triton_gemm(a, b, da, db, bias, out_dtype)}
+        key = (tokens_bucket(a.rows), b.rows, a.k, a.kind, b.kind, None if bias is None else bias.dtype, out_dtype,
+               _cublas_rounds(a, b, bias, out_dtype))
+        return products[choose(key, products, da.device)]()
+
+    return _exact(a, b, bias, out_dtype, product)
+
+
+def scaled_mm_decoded_cublas(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype
+                             ) -> torch.Tensor:
+    """``scaled_mm_decoded`` with cuBLAS's product."""
     return _exact(a, b, bias, out_dtype, lambda da, db: _cublas(a, b, da, db, bias, out_dtype))
+
+
+def _cublas_rounds(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
+    """Whether cuBLAS rounds its own fp32 accumulator to the output (no epilogue pass): no NVFP4 tensor scale, no
+    bias, bf16 out, and torch keeping cuBLAS's split-K sums in fp32."""
+    return (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16
+            and not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
 
 
 def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,
             out_dtype: torch.dtype) -> torch.Tensor:
     """cuBLAS's product of the decoded ``da``, ``db`` and the epilogue pass (tensor scales of ``a``, ``b``, bias)."""
-    if (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16
-            and not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction):
+    if _cublas_rounds(a, b, bias, out_dtype):
         out = torch.mm(da, db.t())  # cuBLAS rounds its fp32 accumulator once to bf16
     else:
         acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
@@ -125,11 +145,19 @@ def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: to
 def scaled_mm_decoded_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, *,
                              blocks: tuple[int, int, int] = GEMM_BLOCKS, num_warps: int = GEMM_WARPS,
                              num_stages: int = GEMM_STAGES) -> torch.Tensor:
-    """``scaled_mm_decoded``'s product with Triton's bf16 tensor-core GEMM over the decoded operands (tile
-    ``blocks``, launch options ``num_warps`` and ``num_stages``), the NVFP4 tensor scales, bias and rounding
-    applied to its fp32 accumulator in registers; values bf16 does not hold recomputed as there."""
-    return _exact(a, b, bias, out_dtype, lambda da, db: launch(blocks, decoded(a, da), decoded(b, db), bias, out_dtype,
-                                                               bf16_dot(), num_warps=num_warps, num_stages=num_stages))
+    """``scaled_mm_decoded`` with Triton's product (tile ``blocks``, launch options ``num_warps`` and
+    ``num_stages``)."""
+    return _exact(a, b, bias, out_dtype, lambda da, db: _triton_gemm(a, b, da, db, bias, out_dtype, blocks=blocks,
+                                                                     num_warps=num_warps, num_stages=num_stages))
+
+
+def _triton_gemm(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, *, blocks: tuple[int, int, int] = GEMM_BLOCKS, num_warps: int = GEMM_WARPS,
+                 num_stages: int = GEMM_STAGES) -> torch.Tensor:
+    """Triton's bf16 tensor-core GEMM of the decoded ``da``, ``db``, the NVFP4 tensor scales, bias and rounding
+    applied to its fp32 accumulator in registers."""
+    return launch(blocks, decoded(a, da), decoded(b, db), bias, out_dtype, bf16_dot(), num_warps=num_warps,
+                  num_stages=num_stages)
 
 
 def _exact(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, product) -> torch.Tensor:

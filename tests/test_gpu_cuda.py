@@ -6,12 +6,12 @@ import torch
 
 import autoprec
 from autoprec.cost import device_note
-from autoprec.kernels import dispatch, grouped_dispatch, quantize_ref
+from autoprec.kernels import dispatch, gemm_choice, grouped_dispatch, quantize_ref
 from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.operand import as_operand
 from autoprec.kernels.random_bits import sr_stream
-from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
+from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded, scaled_mm_decoded_triton
 
 from gpt_model import TinyGPT, tokens
 from helpers import to_device
@@ -45,7 +45,7 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype):
 @pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("mxfp8", "nvfp4")])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_gpu_triton_gemm_over_decoded_operands_matches_reference(fa, fb, out_dtype):
-    """``scaled_mm_decoded_triton`` (benchmarked beside cuBLAS's decoded GEMM, not dispatched yet) on the GPU:
+    """``scaled_mm_decoded_triton`` (the decoded path's product where it times faster than cuBLAS's) on the GPU:
     bias, tensor scales and the rounding in its registers, 16 pipelined K steps, edge tiles in M and N."""
     gen = torch.Generator().manual_seed(2)
     a, b, bias = torch.randn(300, 1024, generator=gen), torch.randn(1024, 208, generator=gen), torch.randn(208)
@@ -54,6 +54,27 @@ def test_gpu_triton_gemm_over_decoded_operands_matches_reference(fa, fb, out_dty
     got = scaled_mm_decoded_triton(oa, ob, bias.cuda(), out_dtype).cpu()
     want = dispatch.reference_scaled_mm(qa, qb, bias, torch.float32)
     assert_matches_reference(got, want, out_dtype)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_gpu_decoded_gemm_times_both_products_once_then_runs_the_faster(monkeypatch, tmp_path, fmt):
+    """On this GPU: a new key times cuBLAS's and Triton's products (each close to the reference), keeps the faster
+    in memory and in Triton's cache directory, and later calls run it without timing again."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(gemm_choice.ENV, raising=False)
+    monkeypatch.setattr(gemm_choice, "_CHOSEN", {})
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(1024, 2048, generator=gen), torch.randn(2048, 1024, generator=gen)
+    qa, qb = quantize_ref(a, fmt, 1), quantize_ref(b, fmt, 0)
+    oa, ob = as_operand(to_device(qa, "cuda"), 1, "a"), as_operand(to_device(qb, "cuda"), 0, "b")
+    want = dispatch.reference_scaled_mm(qa, qb, None, torch.float32)
+    got = scaled_mm_decoded(oa, ob, None, torch.bfloat16)
+    (name,) = gemm_choice.chosen().values()
+    assert name in gemm_choice.PRODUCTS and len(list(tmp_path.rglob("decoded_gemm.json"))) == 1
+    monkeypatch.setattr(gemm_choice, "short_bench", lambda fn: pytest.fail("timed a key twice"))
+    again = scaled_mm_decoded(oa, ob, None, torch.bfloat16)
+    assert torch.equal(got, again)
+    assert_matches_reference(got.cpu(), want, torch.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", None])

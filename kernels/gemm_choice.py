@@ -1,0 +1,100 @@
+"""Which product multiplies sm_90's decoded operands: cuBLAS's bf16 GEMM writing an fp32 product that a Triton pass
+scales and rounds, or Triton's bf16 GEMM with that epilogue in its registers. Neither wins everywhere by
+arithmetic (cuBLAS's GEMM is the faster, Triton's moves 8 fewer bytes per output element), so each new key (the
+GEMM's shape, its tokens rounded up to a power of two, the operands' kinds, bias and output dtype) times both on
+the GPU once, with the quantizers' short benchmark (``autotune.short_bench``), and keeps the faster: in memory, and
+on disk in Triton's cache directory (``TRITON_CACHE_DIR``), so a resumed or repeated run on the same GPU, torch and
+Triton takes the same product at the same shapes, and gets the same bits.
+
+The two equal the reference up to fp32 accumulation order, not each other bit for bit: ``AUTOPREC_DECODED_GEMM``
+(``cublas`` or ``triton``; ``auto``, the default, measures) pins one, for runs that must agree across machines.
+Off a GPU, in the interpreter or while a CUDA graph is being captured (where a benchmark cannot run), an unmeasured
+key takes cuBLAS's product and is not remembered."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+
+import torch
+
+from autoprec.kernels.autotune import short_bench
+from autoprec.kernels.launch import interpreting
+
+ENV = "AUTOPREC_DECODED_GEMM"
+PRODUCTS = ("cublas", "triton")  # the first is taken where nothing is measured
+_CHOSEN: dict[tuple, str] = {}
+
+
+def pinned() -> str | None:
+    """The product ``AUTOPREC_DECODED_GEMM`` pins (None for ``auto`` or unset)."""
+    value = os.environ.get(ENV)
+    if value is None:  # read on every decoded GEMM: the common case first
+        return None
+    value = value.lower()
+    if value not in ("auto",) + PRODUCTS:
+        raise ValueError(f"{ENV}={value!r} is not valid; use one of auto, {', '.join(PRODUCTS)}")
+    return None if value == "auto" else value
+
+
+def tokens_bucket(m: int) -> int:
+    """``m`` rounded up to a power of two: the rows (tokens) of a GEMM vary from batch to batch, its other dims not."""
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def choose(key: tuple, candidates: dict[str, Callable[[], object]], device: torch.device) -> str:
+    """The name of the faster of ``candidates`` (callables running each product, keyed by ``PRODUCTS``' names) for
+    ``key``: pinned by the environment, else remembered, else read from disk, else timed now on ``device``."""
+    name = pinned()
+    if name is not None:
+        return name
+    key = (device.type, device.index) + key
+    if key in _CHOSEN:
+        return _CHOSEN[key]
+    if not measurable(device):
+        return PRODUCTS[0]
+    name = _read(key)
+    if name is None:
+        timings = {name: short_bench(fn) for name, fn in candidates.items()}
+        name = min(timings, key=timings.get)
+        _write(key, timings, name)
+    _CHOSEN[key] = name
+    return name
+
+
+def measurable(device: torch.device) -> bool:
+    """Whether products can be timed on ``device`` now: a GPU outside the interpreter, no CUDA graph capturing."""
+    return device.type == "cuda" and not interpreting() and not torch.cuda.is_current_stream_capturing()
+
+
+def chosen() -> dict[tuple, str]:
+    """A copy of the choices made in this process, by key (device type and index, then the caller's key)."""
+    return dict(_CHOSEN)
+
+
+def _disk_key(key: tuple) -> str:
+    """The cache entry of ``key``: it changes with the GPU model, torch (cuBLAS) and Triton."""
+    from triton.runtime.cache import triton_key
+
+    gpu = torch.cuda.get_device_name(key[1]) if key[0] == "cuda" else key[0]
+    parts = (triton_key(), torch.__version__, str(torch.version.cuda), gpu, repr(key[2:]))
+    return hashlib.sha256("-".join(parts).encode()).hexdigest()
+
+
+def _read(key: tuple) -> str | None:
+    from triton.runtime.cache import get_cache_manager
+
+    path = get_cache_manager(_disk_key(key)).get_file("decoded_gemm.json")
+    if path is None:
+        return None
+    with open(path) as f:
+        name = json.load(f)["chosen"]
+    return name if name in PRODUCTS else None
+
+
+def _write(key: tuple, timings: dict[str, float], name: str) -> None:
+    from triton.runtime.cache import get_cache_manager
+
+    record = {"key": repr(key[2:]), "ms": timings, "chosen": name}
+    get_cache_manager(_disk_key(key)).put(json.dumps(record), "decoded_gemm.json", binary=False)
