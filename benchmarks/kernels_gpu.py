@@ -79,14 +79,15 @@ def main() -> None:
     from autoprec.kernels import quantize_dual_triton as qd
     from autoprec.kernels import quantize_triton as qt
     from autoprec.kernels.dispatch import quantize_dual
-    from autoprec.kernels.launch import hardware_fp4, hardware_fp8
+    from autoprec.kernels.launch import hardware_fp8, nvfp4_hardware
     from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
     from autoprec.kernels.quantized import QuantCopy
     from autoprec.kernels.random_bits import sr_stream
 
     x = torch.randn(n, n, device=rig.device, dtype=torch.bfloat16)
+    nvfp4 = ("none", "block scales", "block scales and elements")[nvfp4_hardware(x.device)]
     print(f"{'CPU' if rig.dry else torch.cuda.get_device_name()}  x: {n}x{n} bf16; round to nearest by the "
-          f"hardware's conversion: MXFP8 {hardware_fp8(x.device)}, NVFP4 {hardware_fp4(x.device)}")
+          f"hardware's conversion: MXFP8 {hardware_fp8(x.device)}, NVFP4 {nvfp4}")
     print(f"{'quantize':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}  tile (BRxBK/warps) the autotuner chose")
     seed = sr_stream(1, 1)
     cases = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from autoprec.kernels.numerics_triton import FLT_MAX, floor_log2, round_to_element
+from autoprec.kernels.numerics_triton import FLT_MAX, encode_float8, floor_log2, round_to_element
 from autoprec.kernels.nvfp4_ref import FP4_TIMES_FP8_MAX as _FP4_TIMES_FP8_MAX
 from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 
@@ -32,20 +32,36 @@ def tensor_scales(amax):
 
 
 @triton.jit
-def nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED: tl.constexpr):
+def nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED: tl.constexpr, HW: tl.constexpr):
     """(s_b, e_b) of blocks whose |values|' largest fp32 bits are ``amax_bits`` (Inf or NaN: a NaN scale), under
     the tensor scales of the amax bits at ``amax_ptr + amax_idx``; unless GROUPED, the ``first`` tile stores the
-    tensor's decode scale to ``ts_ptr``."""
+    tensor's decode scale to ``ts_ptr``. With HW (a GPU converting fp32 to E4M3 in one instruction: sm_89 on) s_b
+    is rounded by the hardware's saturating conversion, the reference's RNE and clamp at 448 (the product is never
+    negative), and read back through its exact fp8 -> fp16 conversion (``e4m3_codes`` encodes s_b for the store)."""
     bad = amax_bits >= INF_BITS
     amax = amax_bits.to(tl.float32, bitcast=True)
     s_enc6, s_dec = tensor_scales(tl.load(amax_ptr + amax_idx).to(tl.float32, bitcast=True))
     if not GROUPED:
         if first:
             tl.store(ts_ptr, s_dec)
-    s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
+    if HW:
+        s_b = (amax * s_enc6).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
+    else:
+        s_b = round_to_element(amax * s_enc6, 0, 3, -6, 448.0, False)
     s_b = tl.where(bad, float("nan"), s_b)
     e_b = tl.math.div_rn(tl.full(s_b.shape, 1.0, tl.float32), s_b * s_dec)
     return s_b, tl.where(e_b > FLT_MAX, FLT_MAX, e_b)
+
+
+@triton.jit
+def e4m3_codes(s, HW: tl.constexpr):
+    """uint8 codes of fp32 values on the E4M3 grid (NaN: 0x7F, torch's code): with HW (sm_89 on) by the hardware's
+    conversion (exact on the grid), else ``encode_float8``. Encoded where they are stored: encoded where the
+    scales are computed, they stay live across the scales' division and the kernel grows."""
+    if HW:
+        code = s.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        return tl.where(s != s, 0x7F, code)
+    return encode_float8(s, 4, 3, 7)
 
 
 @triton.jit

@@ -35,6 +35,13 @@ def hardware_fp4(device: torch.device) -> bool:
     return _converts(device, FP4_CONVERSIONS)
 
 
+def nvfp4_hardware(device: torch.device) -> int:
+    """The NVFP4 quantizers' HW level on ``device``: 2 where they round their elements (``e2m1_pair``) and block
+    scales (``nvfp4_block_scales``) with the GPU's conversions (sm_100 on), 1 the block scales alone (E4M3: sm_89
+    on), 0 neither (other devices, and the interpreter)."""
+    return hardware_fp8(device) + hardware_fp4(device)
+
+
 def _converts(device: torch.device, since: tuple[int, int]) -> bool:
     return not interpreting() and device.type == "cuda" and _capability(device.index) >= since
 

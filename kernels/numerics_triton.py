@@ -3,7 +3,8 @@
 Floats are not cast down by Triton (the interpreter rounds those casts wrongly): values are rounded
 with exact fp32 arithmetic and integer work on the fp32 bits, and 8-bit codes are assembled as
 integers and stored as uint8. The exceptions run on GPUs alone: RNE by the hardware's fp8 and E2M1
-conversions (``round_and_encode_fp8``, ``e2m1_pair``), whose rounding is the reference's. Clamps use
+conversions (``round_and_encode_fp8``, ``e2m1_pair``, and NVFP4's block scales in ``block_scales_triton``),
+whose rounding is the reference's. Clamps use
 ``tl.where`` so NaN passes through as in torch (GPU ``min``/``max`` would drop it).
 """
 from __future__ import annotations
@@ -70,9 +71,26 @@ def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl
     to the next binade carries into the exponent field, and below EMIN it is a subnormal's mantissa. The sign
     is x's (so -0 keeps it); NaN gives NAN_CODE."""
     SIGN: tl.constexpr = EBITS + MBITS
+    if EBITS == 2 and not SR:
+        return _e2m1_rne(x)
     bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR, True)
     code = (r + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
     return tl.where(x != x, NAN_CODE, code)
+
+
+@triton.jit
+def _e2m1_rne(x):
+    """``round_and_encode``'s E2M1 codes under RNE (NaN as +0), with one magic add: for |x| clamped to 6 and k =
+    max(floor_log2 |x|, 0) (0, 1 or 2), the ulp of 2**(22 + k) is E2M1's step 2**(k - 1) there, so |x| + 2**(22 +
+    k) rounds |x| to that step (ties to even, the even E2M1 mantissa) and its low bits are n = round(|x| /
+    2**(k - 1)); the magnitude's code is n + 2k. A few instructions fewer than ``_rounded_significand``'s scaling."""
+    bits = x.to(tl.int32, bitcast=True)
+    a = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), 6.0)  # NaN's code is set below
+    k = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, 0)
+    magic = (k + 149) << 23  # 2**(22 + k)
+    n = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
+    code = (n + (k << 1)) | ((bits >> 28) & 8)
+    return tl.where(x != x, 0, code)
 
 
 @triton.jit

@@ -21,11 +21,16 @@ import triton.language as tl
 
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune, fixed_tile
-from autoprec.kernels.block_scales_triton import INF_BITS, atomic_max_bits, mxfp8_block_exponents, nvfp4_block_scales
-from autoprec.kernels.launch import cdiv, hardware_fp4
+from autoprec.kernels.block_scales_triton import (
+    INF_BITS,
+    atomic_max_bits,
+    e4m3_codes,
+    mxfp8_block_exponents,
+    nvfp4_block_scales,
+)
+from autoprec.kernels.launch import cdiv, nvfp4_hardware
 from autoprec.kernels.numerics_triton import (
     e2m1_pair,
-    encode_float8,
     pow2,
     round_and_encode_fp8,
     sr_hash_bits,
@@ -151,17 +156,17 @@ def nvfp4_store_slices(ys, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, a, b, id
     amax_bits = ys[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF  # ordered as |y|, Inf and NaN above (a NaN scale)
     for j in tl.static_range(1, 16):
         amax_bits = tl.maximum(amax_bits, ys[j].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    s_b, e_b = nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED)
+    s_b, e_b = nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED, HW >= 1)
     mask = (rows < R)[:, None] & (out_c0 // 16 < K_out // 16)[None, :]  # whole blocks: a block cut by K has codes
     tl.store(scales_ptr + rows.to(tl.int64)[:, None] * (K_out // 16) + (out_c0 // 16)[None, :],
-             encode_float8(s_b, 4, 3, 7), mask=mask)
+             e4m3_codes(s_b, HW >= 1), mask=mask)
     packed = ()
     for m in tl.static_range(8):
         rand_lo, rand_hi = 0, 0
         if SR:
             rand_lo = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m, HASH)
             rand_hi = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m + 1, HASH)
-        packed = packed + (e2m1_pair(ys[2 * m] * e_b, ys[2 * m + 1] * e_b, rand_lo, rand_hi, SR, HW).to(tl.uint8),)
+        packed = packed + (e2m1_pair(ys[2 * m] * e_b, ys[2 * m + 1] * e_b, rand_lo, rand_hi, SR, HW == 2).to(tl.uint8),)
     _store_joined(codes_ptr, rows, R, out_c0 // 2, K_out // 2, packed, 8)
 
 
@@ -300,4 +305,5 @@ def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_stride
         launch_rht_amax(m, mt, amax, m.shape, m.stride())
     else:
         amax = nvfp4_amax(m, mt, False)
-    _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, HW=hardware_fp4(m.device), **flags)
+    _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, HW=nvfp4_hardware(m.device),
+                             **flags)

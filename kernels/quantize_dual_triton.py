@@ -20,7 +20,7 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune
 from autoprec.kernels.block_scales_triton import atomic_max_bits
-from autoprec.kernels.launch import cdiv, hardware_fp4
+from autoprec.kernels.launch import cdiv, nvfp4_hardware
 from autoprec.kernels.quantize_cols_triton import mxfp8_slices_tile, nvfp4_slices_tile, slices_amax
 from autoprec.kernels.quantize_triton import (
     INTERPRETER_TILE,
@@ -118,7 +118,7 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
         _nvfp4_dual_kernel[grid](x, m, n_rows, k, x.stride(0), x.stride(1),
                                  *keys[0], codes[0], scales[0], amax[0:], s_dec[0], *ia,
                                  *keys[1], codes[1], scales[1], amax[1:], s_dec[1], *ib,
-                                 HW=hardware_fp4(x.device), **sides)
+                                 HW=nvfp4_hardware(x.device), **sides)
         return tuple(QuantizedTensor(NVFP4, c, s.view(torch.float8_e4m3fn), d, axis, src.shape, 1)
                      for c, s, d, (src, axis) in zip(codes, scales, s_dec, sources))
     elem = fmt.elem

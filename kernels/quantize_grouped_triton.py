@@ -26,7 +26,7 @@ from autoprec.formats import NVFP4, Format
 from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import tensor_scales
-from autoprec.kernels.launch import cdiv, hardware_fp4
+from autoprec.kernels.launch import cdiv, nvfp4_hardware
 from autoprec.kernels.numerics_triton import group_stream_keys
 from autoprec.kernels.quantize_triton import (
     AMAX_TILE,
@@ -170,7 +170,7 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
         scales = torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
         _nvfp4_grouped_kernel[grid](x, mt, offs, step, key, codes, scales, amax, s_dec, n_rows, k, k_loaded,
-                                    x.stride(0), x.stride(1), groups, HW=hardware_fp4(x.device), **common)
+                                    x.stride(0), x.stride(1), groups, HW=nvfp4_hardware(x.device), **common)
         return codes, scales.view(torch.float8_e4m3fn), s_dec
     elem = fmt.elem
     codes = torch.empty(n_rows, k, device=x.device, dtype=torch.uint8)
@@ -293,9 +293,9 @@ def quantize_batches_triton(x: torch.Tensor, fmt: Format, *, seed: int | None, s
         args = (x, mt, step, key, codes, scales, amax, s_dec)
         sizes = view | dict(c_b=codes[0].numel(), sc_b=scales[0].numel())
         if sliced:
-            _nvfp4_batch_cols_kernel[grid](*args, **sizes, HW=hardware_fp4(x.device), **common)
+            _nvfp4_batch_cols_kernel[grid](*args, **sizes, HW=nvfp4_hardware(x.device), **common)
         else:
-            _nvfp4_batch_kernel[grid](*args, **sizes, TILE2D=tile2d, HW=hardware_fp4(x.device), **common)
+            _nvfp4_batch_kernel[grid](*args, **sizes, TILE2D=tile2d, HW=nvfp4_hardware(x.device), **common)
         return codes, scales.view(torch.float8_e4m3fn), s_dec
     elem = fmt.elem
     codes = torch.empty(items, n, k, device=x.device, dtype=torch.uint8)

@@ -26,7 +26,7 @@ from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import atomic_max_bits, tensor_scales
 from autoprec.kernels.group_offsets import GROUP_PAD, padded_ends, padded_width
-from autoprec.kernels.launch import cdiv, hardware_fp4
+from autoprec.kernels.launch import cdiv, nvfp4_hardware
 from autoprec.kernels.quantize_grouped_triton import MXFP8_CONFIGS, NVFP4_CONFIGS, group_sr_keys, seed_arg
 from autoprec.kernels.quantize_triton import (
     AMAX_TILE,
@@ -224,9 +224,9 @@ def quantize_k_groups_triton(x: torch.Tensor, fmt: Format, axis: int, offs: torc
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)
         args = (m, mt, offs, ends, step, key, codes, scales, amax, s_dec)
         if sliced:
-            _nvfp4_k_groups_cols_kernel[grid](*args, **view, HW=hardware_fp4(x.device))
+            _nvfp4_k_groups_cols_kernel[grid](*args, **view, HW=nvfp4_hardware(x.device))
         else:
-            _nvfp4_k_groups_kernel[grid](*args, **view, HW=hardware_fp4(x.device))
+            _nvfp4_k_groups_kernel[grid](*args, **view, HW=nvfp4_hardware(x.device))
         return codes, scales.view(torch.float8_e4m3fn), s_dec, ends
     codes = torch.empty(n_rows, kp, device=x.device, dtype=torch.uint8)
     scales = torch.empty(n_rows, kp // 32, device=x.device, dtype=torch.uint8)

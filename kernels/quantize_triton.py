@@ -19,14 +19,14 @@ from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import (
     INF_BITS,
     atomic_max_bits,
+    e4m3_codes,
     mxfp8_block_exponents,
     nvfp4_block_scales,
 )
 from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.launch import cdiv, hardware_fp4, hardware_fp8
+from autoprec.kernels.launch import cdiv, hardware_fp8, nvfp4_hardware
 from autoprec.kernels.numerics_triton import (
     e2m1_pair,
-    encode_float8,
     hadamard_signs,
     pow2,
     round_and_encode,
@@ -189,19 +189,19 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     amax_bits = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 2)
     if TILE2D:
         amax_bits = tl.max(tl.reshape(amax_bits, (BR // 16, 16, NB)), 1)
-    s_b, e_b = nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED)
+    s_b, e_b = nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED, HW >= 1)
 
     nb = tl.arange(0, NB)
     if TILE2D:
         srows = pid_r * (BR // 16) + tl.arange(0, BR // 16)
         smask = (srows < R // 16)[:, None] & (col0 // 16 + nb < K // 16)[None, :]
         tl.store(scales_ptr + srows.to(tl.int64)[:, None] * (K // 16) + col0 // 16 + nb[None, :],
-                 encode_float8(s_b, 4, 3, 7), mask=smask)
+                 e4m3_codes(s_b, HW >= 1), mask=smask)
         e_b = tl.reshape(tl.broadcast_to(e_b[:, None, :], (BR // 16, 16, NB)), (BR, NB))
     else:
         smask = (rows < R)[:, None] & (col0 // 16 + nb < K // 16)[None, :]
         tl.store(scales_ptr + rows.to(tl.int64)[:, None] * (K // 16) + col0 // 16 + nb[None, :],
-                 encode_float8(s_b, 4, 3, 7), mask=smask)
+                 e4m3_codes(s_b, HW >= 1), mask=smask)
 
     rand = 0
     if SR:
@@ -209,8 +209,8 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     # the GPU's conversion takes a pair at a time; the integer path encodes the whole tile before splitting it, as
     # it did before the conversion (splitting first, through e2m1_pair, moved the SR kernels' registers and
     # instruction counts both ways in tests/ptx_report.py: 48 -> 163 registers for one column tile kernel)
-    if HW and not SR:
-        packed = e2m1_pair(*tl.split(tl.reshape(y * e_b[:, :, None], (BR, BK // 2, 2))), 0, 0, SR, HW).to(tl.uint8)
+    if HW == 2 and not SR:
+        packed = e2m1_pair(*tl.split(tl.reshape(y * e_b[:, :, None], (BR, BK // 2, 2))), 0, 0, SR, True).to(tl.uint8)
     else:
         codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
         lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
@@ -373,7 +373,7 @@ def quantize_triton(
         quantize_cols(fmt, args, s_dec, r_strides, scale_mode, common)
     elif fmt is NVFP4:
         _nvfp4_kernel[_grid(m)](*args, nvfp4_amax(m, mt, rht), s_dec, *m.shape, *m.stride(), *r_strides,
-                                TILE2D=tile2d, HW=hardware_fp4(x.device), **common)
+                                TILE2D=tile2d, HW=nvfp4_hardware(x.device), **common)
     else:
         _mxfp8_kernel[_grid(m)](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode, x.device),
                                 **common)

@@ -65,7 +65,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
                  if n not in const and n not in qt.KEY_ARGS + qd.DUAL_KEY_ARGS}
     if "HW" in kernel.arg_names:  # the hardware conversions, where a launch on this target takes them
-        const = {"HW": cap >= hardware_since(kernel)} | const
+        const = {"HW": hardware_level(kernel, cap)} | const
     src = ASTSource(kernel, signature | {k: "constexpr" for k in const}, const, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     ptx = k.asm["ptx"]
@@ -80,11 +80,14 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "shared": k.metadata.shared, **resource_usage(k.asm["cubin"]), **per_thread(const, options)}
 
 
-def hardware_since(kernel) -> int:
-    """The first target (as ``GPUTarget``'s capability) whose launches of this kernel take the hardware's format
-    conversions (``launch.hardware_fp4`` for the NVFP4 quantizers, else ``hardware_fp8``)."""
-    major, minor = FP4_CONVERSIONS if "nvfp4" in kernel.__name__ else FP8_CONVERSIONS
-    return 10 * major + minor
+def hardware_level(kernel, cap: int) -> int:
+    """The HW constexpr a launch of this kernel on sm_``cap`` takes: the NVFP4 quantizers' level
+    (``launch.nvfp4_hardware``: 1 from sm_89, their block scales; 2 from sm_100, their elements too), else
+    ``launch.hardware_fp8``'s (0 or 1)."""
+    fp8 = cap >= 10 * FP8_CONVERSIONS[0] + FP8_CONVERSIONS[1]
+    if "nvfp4" in kernel.__name__:
+        return fp8 + (cap >= 10 * FP4_CONVERSIONS[0] + FP4_CONVERSIONS[1])
+    return int(fp8)
 
 
 def per_thread(const: dict, options: dict) -> dict:

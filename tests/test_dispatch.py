@@ -30,18 +30,21 @@ def test_mode_selection(monkeypatch):
 
 
 def test_hardware_conversions_on_cuda_from_sm89_and_sm100_never_interpreted(monkeypatch):
-    """The quantizers round to nearest with the GPU's conversions on a CUDA device: MXFP8 from sm_89 on (Ada, Hopper,
-    Blackwell), NVFP4 from sm_100 on (Blackwell); elsewhere in integer arithmetic, and always in the interpreter
-    (whose casts round wrongly)."""
+    """The quantizers round to nearest with the GPU's conversions on a CUDA device: MXFP8 and NVFP4's block scales
+    from sm_89 on (Ada, Hopper, Blackwell), NVFP4's elements from sm_100 on (Blackwell); elsewhere in integer
+    arithmetic, and always in the interpreter (whose casts round wrongly)."""
     caps = {0: (8, 0), 1: (8, 9), 2: (9, 0), 3: (10, 0), 4: (12, 0)}
     monkeypatch.setattr(launch, "_capability", caps.__getitem__)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cuda = [torch.device("cuda", i) for i in caps]
     assert [launch.hardware_fp8(d) for d in cuda] == [False, True, True, True, True]
     assert [launch.hardware_fp4(d) for d in cuda] == [False, False, False, True, True]
+    assert [launch.nvfp4_hardware(d) for d in cuda] == [0, 1, 1, 2, 2]
     assert not launch.hardware_fp8(torch.device("cpu")) and not launch.hardware_fp4(torch.device("cpu"))
+    assert launch.nvfp4_hardware(torch.device("cpu")) == 0
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not launch.hardware_fp8(cuda[2]) and not launch.hardware_fp4(cuda[3])
+    assert launch.nvfp4_hardware(cuda[3]) == 0
 
 
 def test_rht_option_equals_transform_then_quantize(monkeypatch):

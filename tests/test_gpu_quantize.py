@@ -98,16 +98,18 @@ def test_gpu_every_column_tile_equals_reference(monkeypatch, fmt, config):
 GRADIENT_PAIR = (QuantCopy(SEED), QuantCopy(SEED + 1, rht=True, transposed_source=True))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
-def test_gpu_hardware_conversions_equal_the_integer_path(monkeypatch, fmt):
-    """Rounding to nearest by the GPU's conversions (MXFP8 from sm_89, NVFP4 from sm_100: ``launch.hardware_fp8``,
-    ``hardware_fp4``) writes the bytes the integer path writes on the same GPU, rows and column copies of bf16
-    edge data: a mismatch here names the conversions, where the reference tests above would not say which path."""
+@pytest.mark.parametrize("fmt,rounding", [("nvfp4", "rne"), ("nvfp4", "sr"), ("mxfp8", "rne"), ("mxfp8_e5m2", "rne")])
+def test_gpu_hardware_conversions_equal_the_integer_path(monkeypatch, fmt, rounding):
+    """Rounding to nearest by the GPU's conversions (MXFP8 and NVFP4's block scales from sm_89, NVFP4's elements
+    from sm_100: ``launch.hardware_fp8``, ``nvfp4_hardware``; NVFP4's block scales with SR elements too) writes
+    the bytes the integer path writes on the same GPU, rows and column copies of bf16 edge data: a mismatch here
+    names the conversions, where the reference tests above would not say which path."""
     x = edge_tensor(768, 1536).bfloat16().cuda()
-    hardware = [dispatch.quantize(x, fmt, axis) for axis in (1, 0)]
+    opts = {"rounding": rounding, "seed": SEED} if rounding == "sr" else {}
+    hardware = [dispatch.quantize(x, fmt, axis, **opts) for axis in (1, 0)]
     monkeypatch.setattr(launch, "_capability", lambda index: (8, 0))  # a GPU without them: the integer path
     for axis, got in zip((1, 0), hardware):
-        problem = mismatch(got, dispatch.quantize(x, fmt, axis))
+        problem = mismatch(got, dispatch.quantize(x, fmt, axis, **opts))
         assert problem is None, (axis, problem)
 
 

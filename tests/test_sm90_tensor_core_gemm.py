@@ -139,19 +139,24 @@ def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_repor
 
 def test_ptx_sm90_and_sm100_quantizers_round_to_nearest_with_the_hardware_conversions(ptx_report, report_scope):
     """Quantizers rounding to nearest convert with the GPU's saturating conversion where their launches take it
-    (``launch.hardware_fp8``: MXFP8 from sm_89, ``round_and_encode_fp8``; ``hardware_fp4``: NVFP4 from sm_100,
-    ``e2m1_pair``): the row quantizers as launched and a weight's column copy (dgrad's, in slices). At 32
-    elements per thread a row quantizer then takes at most 0.8x the SASS instructions per element of the same
-    kernel rounding in integer arithmetic, the interpreter's path (MXFP8 on sm_90: 752 against 984; NVFP4 on
-    sm_100: 728 against 1032). No kernel with SR converts (the hardware's SR is not the reference's), nor NVFP4 on
-    sm_90 (no E2M1 conversion there)."""
+    (``launch.hardware_fp8``: MXFP8 from sm_89, ``round_and_encode_fp8``; ``launch.nvfp4_hardware``: NVFP4's E4M3
+    block scales from sm_89, ``nvfp4_block_scales``, with SR too, and its E2M1 elements from sm_100, ``e2m1_pair``):
+    the row quantizers as launched and a weight's column copy (dgrad's, in slices). At 32 elements per thread a
+    row quantizer then takes at most 0.8x the SASS instructions per element of the same kernel rounding in
+    integer arithmetic, the interpreter's path (MXFP8 on sm_90: 752 against 984; NVFP4 on sm_100: 672 against
+    1000), NVFP4 on sm_90, whose elements have no conversion there, at most 0.95x (952 against 1016). No kernel
+    converts its elements with SR (the hardware's SR is not the reference's)."""
     fp8 = {"quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch"}
     fp4 = {"quantize_nvfp4_rows_launch", "quantize_nvfp4_rows_launch_br64_bk64", "cols_quantize_nvfp4_rne_launch"}
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
-        assert {name for name, r in rows.items() if r["fp8_cvt"]} == fp8
-        hardware, integer = (rows[f"quantize_mxfp8_rows_launch_br64_bk64{tag}"] for tag in ("", "_integer"))
-        assert per_element(hardware) <= 0.8 * per_element(integer), (hardware, integer)
+        nvfp4 = {name for name in rows if "nvfp4" in name and "quantize" in name or name == "rows_sr_launch_nvfp4"
+                 or name.startswith("dual_launch_nvfp4")} - {"quantize_nvfp4_rows_launch_br64_bk64_integer"}
+        # (every NVFP4 quantizer, for its block scales)
+        assert nvfp4 and {name for name, r in rows.items() if r["fp8_cvt"]} == fp8 | nvfp4
+        for fmt, bound in (("mxfp8", 0.8), ("nvfp4", 0.95)):
+            hardware, integer = (rows[f"quantize_{fmt}_rows_launch_br64_bk64{tag}"] for tag in ("", "_integer"))
+            assert per_element(hardware) <= bound * per_element(integer), (hardware, integer)
     converted = {(r["kernel"], r["cap"]) for r in ptx_report if r["fp4_cvt"]}
     assert converted == {(name, 100) for name in (fp4 if report_scope == "full" else fp4 & set(script.BLACKWELL_QUICK))}
     rows = {r["kernel"]: r for r in ptx_report if r["cap"] == 100}
@@ -164,7 +169,7 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
     NVFP4 with SR and RHT, MXFP8 with SR), and expert weights (E, K, N) as they lie (SR): the slice kernels, at
     every tile they tune over (the quick report: the first), take at most half the SASS instructions per element
     of the tile kernel on the same launch (column copies' NVFP4 about a third; expert weights' NVFP4, which has no
-    RHT, where the tile kernel loses most, at most 0.55: 73.5 against 146 on sm_90), and hash their SR bits; their
+    RHT, where the tile kernel loses least, at most 0.6: 73 against 128 on sm_90), and hash their SR bits; their
     RHT amax pass takes under half the tile amax pass's."""
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
@@ -173,7 +178,7 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
                 tile = rows[f"tile_{kind}_quantize_{fmt}_launch"]
                 for cfg in script.tiles(configs, report_scope == "full"):
                     sliced = rows[f"{slices}_quantize_{fmt}_{script.tile_tag(cfg)}"]
-                    bound = 0.55 if (kind, fmt) == ("batch", "nvfp4") else 0.5
+                    bound = 0.6 if (kind, fmt) == ("batch", "nvfp4") else 0.5
                     assert sliced["sr_hash"] and per_element(sliced) <= bound * per_element(tile), (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
         assert per_element(amax) <= per_element(tile_amax) / 2, (amax, tile_amax)

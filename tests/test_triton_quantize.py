@@ -172,11 +172,18 @@ def _encode_kernel(x_ptr, rand_ptr, out_ptr, N: tl.constexpr, EBITS: tl.constexp
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8", "mxfp8_e5m2"])
 def test_round_and_encode_equals_rounding_then_encoding(fmt, sr):
     """The quantizers' one-pass element code, on every bf16 bit pattern, at three scalings that put each
-    grid's subnormals, binade carries and saturation under every pattern, plus fp32 subnormals, against the
-    reference's round_to_element then encoding (torch's cast for FP8, e2m1_encode for E2M1)."""
+    grid's subnormals, binade carries and saturation under every pattern, plus fp32 subnormals, and fp32 values
+    one ulp either side of each grid midpoint (bf16 patterns carry 8 significant bits, a midpoint's neighbours
+    24), against the reference's round_to_element then encoding (torch's cast for FP8, e2m1_encode for E2M1)."""
     elem = get_format(fmt).elem
     pattern = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
-    x = torch.cat([pattern, pattern * 2.0**-120, pattern * 2.0**100, torch.tensor([1e-40, -3e-42, 2.0**-149])])
+    grid = round_to_element(pattern[pattern.isfinite()], elem).unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    mids = mids[mids.isfinite()]
+    near = torch.cat([mids, torch.nextafter(mids, torch.tensor(float("inf"))),
+                      torch.nextafter(mids, torch.tensor(float("-inf")))])
+    x = torch.cat([pattern, pattern * 2.0**-120, pattern * 2.0**100, near,
+                   torch.tensor([1e-40, -3e-42, 2.0**-149])])
     rand = sr_bits(x.shape, sr_stream(3, 1)) if sr else torch.zeros(x.shape, dtype=torch.int32)
     got = torch.empty(x.shape, dtype=torch.int32, device=DEVICE)
     nan_code = 0 if fmt == "nvfp4" else 0x7F
