@@ -1,10 +1,10 @@
 """Which product multiplies sm_90's decoded operands: cuBLAS's bf16 GEMM writing an fp32 product that a Triton pass
-scales and rounds, or Triton's bf16 GEMM with that epilogue in its registers. Neither wins everywhere by
-arithmetic (cuBLAS's GEMM is the faster, Triton's moves 8 fewer bytes per output element), so each new key (the
-GEMM's shape, its tokens rounded up to a power of two, the operands' kinds, bias and output dtype) times both on
-the GPU once, with the quantizers' short benchmark (``autotune.short_bench``), and keeps the faster: in memory, and
-on disk in Triton's cache directory (``TRITON_CACHE_DIR``), so a resumed or repeated run on the same GPU, torch and
-Triton takes the same product at the same shapes, and gets the same bits.
+scales and rounds, or Triton's bf16 GEMM with that epilogue in its registers. Neither wins everywhere on paper
+(cuBLAS's kernels are tuned per GPU and shape, Triton's saves the fp32 product's round trip, 8 bytes per output
+element), so each new key (the GEMM's shape, its tokens rounded up to a power of two, the operands' kinds, bias and
+output dtype) times both on the GPU once, with the quantizers' short benchmark (``autotune.short_bench``), and keeps
+the faster: in memory, and on disk in Triton's cache directory (``TRITON_CACHE_DIR``), so a resumed or repeated run
+on the same GPU, torch and Triton takes the same product at the same shapes, and gets the same bits.
 
 The two equal the reference up to fp32 accumulation order, not each other bit for bit: ``AUTOPREC_DECODED_GEMM``
 (``cublas`` or ``triton``; ``auto``, the default, measures) pins one, for runs that must agree across machines.
@@ -12,10 +12,12 @@ Off a GPU, in the interpreter or while a CUDA graph is being captured (where a b
 key takes cuBLAS's product and is not remembered."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -74,12 +76,21 @@ def chosen() -> dict[tuple, str]:
 
 
 def _disk_key(key: tuple) -> str:
-    """The cache entry of ``key``: it changes with the GPU model, torch (cuBLAS) and Triton."""
+    """The cache entry of ``key``: it changes with the GPU model, torch (cuBLAS), Triton and the products' code."""
     from triton.runtime.cache import triton_key
 
     gpu = torch.cuda.get_device_name(key[1]) if key[0] == "cuda" else key[0]
-    parts = (triton_key(), torch.__version__, str(torch.version.cuda), gpu, repr(key[2:]))
+    parts = (triton_key(), torch.__version__, str(torch.version.cuda), gpu, _products_source(), repr(key[2:]))
     return hashlib.sha256("-".join(parts).encode()).hexdigest()
+
+
+@functools.cache
+def _products_source() -> str:
+    """A hash of the modules holding the two products' kernels and launches."""
+    from autoprec.kernels import scaled_mm_decoded, scaled_mm_triton
+
+    return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (scaled_mm_decoded, scaled_mm_triton))
+                          ).hexdigest()
 
 
 def _read(key: tuple) -> str | None:

@@ -4,8 +4,8 @@ Floats are not cast down by Triton (the interpreter rounds those casts wrongly):
 with exact fp32 arithmetic and integer work on the fp32 bits, and 8-bit codes are assembled as
 integers and stored as uint8. The exceptions run on GPUs alone: RNE by the hardware's fp8 and E2M1
 conversions (``round_and_encode_fp8``, ``e2m1_pair``, and NVFP4's block scales in ``block_scales_triton``),
-whose rounding is the reference's. Clamps use
-``tl.where`` so NaN passes through as in torch (GPU ``min``/``max`` would drop it).
+whose rounding is the reference's. Clamps use ``tl.where`` so NaN passes through as in torch (GPU
+``min``/``max`` would drop it).
 """
 from __future__ import annotations
 

@@ -182,7 +182,8 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
     to ``ts_ptr``), or with GROUPED each row's group's (``amax_idx`` [BR, 1]). The decode scale is stored here,
     right after it is computed: stored after the codes, it stays live across them and the wide tiles spill
     (tests/ptx_report.py). With SR, the bits are ``_load_rand``'s for rows ``sr_rows``, made where they are
-    used (made earlier, they stay live across the scales and spill), indexed from column ``sr_col0``."""
+    used (made earlier, they stay live across the scales and spill), indexed from column ``sr_col0``. HW is
+    ``launch.nvfp4_hardware``'s level: the GPU's conversions for the block scales (1) and the elements too (2)."""
     NB: tl.constexpr = BK // 16
     # |y|'s bits order as |y| does, NaN and Inf above every finite value: one integer max gives the block amax,
     # or a non-finite one, which makes the whole block NaN (its finite amax is not needed then)
