@@ -43,6 +43,6 @@ pytest_gpu=(python3 -m pytest -p no:cacheprovider -o addopts="" -q -rf -m "not s
 TAIL=25 stage tests "${TEST_S:-240}" "${pytest_gpu[@]}" tests/test_gpu_quantize.py tests/test_gpu_cuda.py
 TAIL=15 stage triton_tests "${TRITON_TEST_S:-120}" "${pytest_gpu[@]}" tests/test_triton_quantize.py \
     tests/test_triton_scaled_mm.py tests/test_grouped_quantize.py tests/test_sm90_grouped_gemm.py \
-    tests/test_sm90_grouped_wgrad.py tests/test_wgrad_bf16_triton.py
+    tests/test_sm90_grouped_wgrad.py tests/test_wgrad_bf16_triton.py tests/test_gemm_choice.py
 stage kernels "${BENCH_S:-150}" python3 benchmarks/kernels_gpu.py --no-step
 stage step "${STEP_S:-300}" python3 benchmarks/kernels_gpu.py --step-only --profile --graphs --layers "${LAYERS:-24}"
