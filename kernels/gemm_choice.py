@@ -1,7 +1,7 @@
 """Which product multiplies sm_90's decoded operands: cuBLAS's bf16 GEMM writing an fp32 product that a Triton pass
 scales and rounds, or Triton's bf16 GEMM with that epilogue in its registers. Neither wins everywhere on paper
 (cuBLAS's kernels are tuned per GPU and shape, Triton's saves the fp32 product's round trip, 8 bytes per output
-element), so each new key (the GEMM's shape, its tokens rounded up to a power of two, the operands' kinds, bias and
+element), so each new key (the GEMM's dims, each rounded up to a power of two, the operands' kinds, bias and
 output dtype) times both on the GPU once, with the quantizers' short benchmark (``autotune.short_bench``), and keeps
 the faster: in memory, and on disk in Triton's cache directory (``TRITON_CACHE_DIR``), so a resumed or repeated run
 on the same GPU, torch and Triton takes the same product at the same shapes, and gets the same bits.
@@ -40,9 +40,10 @@ def pinned() -> str | None:
     return None if value == "auto" else value
 
 
-def tokens_bucket(m: int) -> int:
-    """``m`` rounded up to a power of two: the rows (tokens) of a GEMM vary from batch to batch, its other dims not."""
-    return 1 << max(m - 1, 0).bit_length()
+def size_bucket(n: int) -> int:
+    """``n`` rounded up to a power of two: a GEMM's dims as its key holds them. The tokens vary from batch to batch
+    and are M in fprop and dgrad but K in wgrad, so every dim is rounded: one timing serves a range of shapes."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def choose(key: tuple, candidates: dict[str, Callable[[], object]], device: torch.device) -> str:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.gemm_choice import choose, tokens_bucket
+from autoprec.kernels.gemm_choice import choose, size_bucket
 from autoprec.kernels.launch import cdiv, hardware_fp8, interpreting
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
 from autoprec.kernels.scaled_mm_triton import (
@@ -104,8 +104,8 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
     def product(da: torch.Tensor, db: torch.Tensor) -> torch.Tensor:
         products = {"cublas": lambda: _cublas(a, b, da, db, bias, out_dtype),
                     "triton": lambda: _triton_gemm(a, b, da, db, bias, out_dtype)}
-        key = (tokens_bucket(a.rows), b.rows, a.k, a.kind, b.kind, None if bias is None else bias.dtype, out_dtype,
-               _cublas_rounds(a, b, bias, out_dtype))
+        key = (size_bucket(a.rows), size_bucket(b.rows), size_bucket(a.k), a.kind, b.kind,
+               None if bias is None else bias.dtype, out_dtype, _cublas_rounds(a, b, bias, out_dtype))
         return products[choose(key, products, da.device)]()
 
     return _exact(a, b, bias, out_dtype, product)

@@ -75,20 +75,21 @@ def test_sm90_decoded_gemm_choice_untimed_off_a_gpu(monkeypatch):
     assert gemm_choice.chosen() == {}
 
 
-def test_tokens_bucket():
-    assert [gemm_choice.tokens_bucket(m) for m in (1, 2, 3, 64, 65, 1000, 8192)] == [1, 2, 4, 64, 128, 1024, 8192]
+def test_size_bucket():
+    assert [gemm_choice.size_bucket(m) for m in (1, 2, 3, 64, 65, 1000, 8192)] == [1, 2, 4, 64, 128, 1024, 8192]
 
 
 @pytest.mark.parametrize("fmt,bias", [("nvfp4", False), ("mxfp8", True)], ids=["nvfp4", "mxfp8-bias"])
 def test_sm90_decoded_gemm_runs_the_product_it_timed_faster(timer, monkeypatch, fmt, bias):
     """``scaled_mm_decoded`` times both products at a new key, then runs the faster one alone; the result is that
-    product's, bit for bit; a new token count in the same power-of-two bucket reuses the choice."""
+    product's, bit for bit; a new token count in the same power-of-two bucket reuses the choice, as does a
+    reduction dim in its bucket (the tokens are wgrad's K)."""
     runs = []
     for name in ("_cublas", "_triton_gemm"):
         fn = getattr(dec, name)
         monkeypatch.setattr(dec, name, lambda *args, fn=fn, name=name, **kw: runs.append(name) or fn(*args, **kw))
     gen = torch.Generator().manual_seed(3)
-    x, w = torch.randn(40, 64, generator=gen), torch.randn(64, 32, generator=gen)
+    x, w = torch.randn(40, 96, generator=gen), torch.randn(96, 32, generator=gen)  # M, N, K in buckets 64, 32, 128
     b = torch.randn(32, generator=gen).to(DEVICE) if bias else None
     qa, qb = (as_operand(to_device(q, DEVICE), axis, side) for q, axis, side in
               ((quantize_ref(x, fmt, 1), 1, "a"), (quantize_ref(w, fmt, 0), 0, "b")))
@@ -97,6 +98,12 @@ def test_sm90_decoded_gemm_runs_the_product_it_timed_faster(timer, monkeypatch, 
     want = dec.scaled_mm_decoded_triton(qa, qb, b, torch.bfloat16)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     runs.clear()
-    x2 = torch.randn(60, 64, generator=gen)  # 60 tokens: the same bucket (64) as 40
+    x2 = torch.randn(60, 96, generator=gen)  # 60 tokens: the same bucket (64) as 40
     dec.scaled_mm_decoded(as_operand(to_device(quantize_ref(x2, fmt, 1), DEVICE), 1, "a"), qb, b, torch.bfloat16)
+    assert runs == ["_triton_gemm"] and len(timer["timed"]) == 2
+    runs.clear()
+    x3, w3 = torch.randn(40, 128, generator=gen), torch.randn(128, 32, generator=gen)  # K 128: the bucket of 96
+    qa3, qb3 = quantize_ref(x3, fmt, 1), quantize_ref(w3, fmt, 0)
+    dec.scaled_mm_decoded(as_operand(to_device(qa3, DEVICE), 1, "a"), as_operand(to_device(qb3, DEVICE), 0, "b"), b,
+                          torch.bfloat16)
     assert runs == ["_triton_gemm"] and len(timer["timed"]) == 2
