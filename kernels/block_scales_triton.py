@@ -6,7 +6,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from autoprec.kernels.numerics_triton import FLT_MAX, encode_float8, floor_log2, round_to_element
+from autoprec.kernels.numerics_triton import (
+    FLT_MAX,
+    encode_float8,
+    floor_log2,
+    round_and_encode_fp8,
+    round_to_element,
+)
 from autoprec.kernels.nvfp4_ref import FP4_TIMES_FP8_MAX as _FP4_TIMES_FP8_MAX
 from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 
@@ -55,12 +61,12 @@ def nvfp4_block_scales(amax_bits, amax_ptr, amax_idx, ts_ptr, first, GROUPED: tl
 
 @triton.jit
 def e4m3_codes(s, HW: tl.constexpr):
-    """uint8 codes of fp32 values on the E4M3 grid (NaN: 0x7F, torch's code): with HW (sm_89 on) by the hardware's
-    conversion (exact on the grid), else ``encode_float8``. Encoded where they are stored: encoded where the
-    scales are computed, they stay live across the scales' division and the kernel grows."""
+    """uint8 codes of fp32 values on the E4M3 grid (NaN: 0x7F, torch's code): with HW (sm_89 on) by
+    ``round_and_encode_fp8``'s hardware conversion (exact on the grid), else ``encode_float8``. Encoded where they
+    are stored: encoded where the scales are computed, they stay live across the scales' division and the kernel
+    grows."""
     if HW:
-        code = s.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        return tl.where(s != s, 0x7F, code)
+        return round_and_encode_fp8(s, 0, 4, 3, 7, 448.0, False, True).to(tl.uint8)
     return encode_float8(s, 4, 3, 7)
 
 
