@@ -27,6 +27,7 @@ from autoprec.kernels.launch import interpreting
 ENV = "AUTOPREC_DECODED_GEMM"
 PRODUCTS = ("cublas", "triton")  # the first is taken where nothing is measured
 _CHOSEN: dict[tuple, str] = {}
+_FILE = "decoded_gemm.json"  # a choice's record in its Triton cache entry
 
 
 def pinned() -> str | None:
@@ -57,11 +58,13 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]], device: torc
         return _CHOSEN[key]
     if not measurable(device):
         return PRODUCTS[0]
-    name = _read(key)
+    cache = _disk_cache(key)
+    name = _read(cache)
     if name is None:
         timings = {name: short_bench(fn) for name, fn in candidates.items()}
         name = min(timings, key=timings.get)
-        _write(key, timings, name)
+        record = {"key": repr(key[2:]), "ms": timings, "chosen": name}
+        cache.put(json.dumps(record), _FILE, binary=False)
     _CHOSEN[key] = name
     return name
 
@@ -76,13 +79,14 @@ def chosen() -> dict[tuple, str]:
     return dict(_CHOSEN)
 
 
-def _disk_key(key: tuple) -> str:
-    """The cache entry of ``key``: it changes with the GPU model, torch (cuBLAS), Triton and the products' code."""
-    from triton.runtime.cache import triton_key
+def _disk_cache(key: tuple):
+    """The Triton cache entry holding ``key``'s choice: it changes with the GPU model, torch (cuBLAS), Triton and the
+    products' code."""
+    from triton.runtime.cache import get_cache_manager, triton_key
 
     gpu = torch.cuda.get_device_name(key[1]) if key[0] == "cuda" else key[0]
     parts = (triton_key(), torch.__version__, str(torch.version.cuda), gpu, _products_source(), repr(key[2:]))
-    return hashlib.sha256("-".join(parts).encode()).hexdigest()
+    return get_cache_manager(hashlib.sha256("-".join(parts).encode()).hexdigest())
 
 
 @functools.cache
@@ -94,19 +98,11 @@ def _products_source() -> str:
                           ).hexdigest()
 
 
-def _read(key: tuple) -> str | None:
-    from triton.runtime.cache import get_cache_manager
-
-    path = get_cache_manager(_disk_key(key)).get_file("decoded_gemm.json")
+def _read(cache) -> str | None:
+    """The product recorded in ``cache`` (None where none is)."""
+    path = cache.get_file(_FILE)
     if path is None:
         return None
     with open(path) as f:
         name = json.load(f)["chosen"]
     return name if name in PRODUCTS else None
-
-
-def _write(key: tuple, timings: dict[str, float], name: str) -> None:
-    from triton.runtime.cache import get_cache_manager
-
-    record = {"key": repr(key[2:]), "ms": timings, "chosen": name}
-    get_cache_manager(_disk_key(key)).put(json.dumps(record), "decoded_gemm.json", binary=False)
