@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from autoprec.formats import NVFP4, Format
-from autoprec.kernels.hadamard_ref import rht_matrix, rht_signs
+from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.mxfp8_ref import MX_BLOCK
 from autoprec.kernels.nvfp4_ref import BLOCK
 from autoprec.kernels.quantized import QuantizedTensor, blocked_view, check_blocks, normalize_axis
@@ -142,14 +142,14 @@ def _sr_keys(seed: int | None) -> tuple[int, int, int]:
     return 1, k1, k2
 
 
-def _rht_coefs(signs: torch.Tensor | None) -> torch.Tensor:
-    """coef_t[j, i] = H[i, j] * s_j of the RHT with these signs (the default seed's when None)."""
-    return rht_matrix(rht_signs() if signs is None else signs).t().contiguous()
+def _c_signs(signs: torch.Tensor | None) -> torch.Tensor:
+    """The RHT's 16 signs as the C kernels read them (contiguous fp32; the default seed's when None)."""
+    return (rht_signs() if signs is None else signs).to(torch.float32).contiguous()
 
 
 def _rht(xm: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
     y = torch.empty_like(xm)
-    _call("rht16", xm, xm.numel() // xm.shape[-1], xm.shape[-1], _rht_coefs(signs), y)
+    _call("rht16", xm, xm.numel() // xm.shape[-1], xm.shape[-1], _c_signs(signs), y)
     return y
 
 
@@ -207,7 +207,7 @@ def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axi
     batch = src.numel() // (k * rows)
     if rht:
         y = torch.empty_like(src)
-        _call("rht16_cols", src, batch, k, rows, _rht_coefs(rht_signs), y)
+        _call("rht16_cols", src, batch, k, rows, _c_signs(rht_signs), y)
         src = y
     sr, k1, k2 = _sr_keys(seed)
     stored = src.shape[:-2] + (rows, k)
@@ -297,7 +297,7 @@ def quantize_cpu(
         if fmt is NVFP4 and rht:  # the transformed whole's finite amax, without writing the transform
             whole = torch.empty(1)
             flat = moved.contiguous()
-            _call("rht16_amax", flat, flat.numel() // flat.shape[-1], flat.shape[-1], _rht_coefs(rht_signs), whole)
+            _call("rht16_amax", flat, flat.numel() // flat.shape[-1], flat.shape[-1], _c_signs(rht_signs), whole)
         elif fmt is NVFP4:
             whole = _dense(moved)
         row_base = _row_bases(x.shape, axis, rows, batches)

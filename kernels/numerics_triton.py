@@ -189,13 +189,6 @@ def to_bf16_bits(x):
 
 
 @triton.jit
-def hadamard_signs(ij):
-    """H16's entries (-1)**popcount(i & j), as fp32, of the 4-bit ints ``ij`` = i & j."""
-    parity = (ij ^ (ij >> 1) ^ (ij >> 2) ^ (ij >> 3)) & 1
-    return 1.0 - 2.0 * parity.to(tl.float32)
-
-
-@triton.jit
 def _mix32(x):
     """random_bits.mix32 (lowbias32) on uint32: the products wrap modulo 2**32 as the reference's do."""
     x = x ^ (x >> 16)

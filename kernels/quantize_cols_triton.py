@@ -2,16 +2,16 @@
 slices: each thread holds whole blocks, so nothing crosses threads.
 
 ``quantize_triton``'s tile kernels load a [BR, BK/16, 16] tile whose block axis Triton spreads over threads when it
-is the strided one: each block's amax is then a cross-thread reduction, the codes pass through shared memory on
-their way to the store, and the RHT's 16x16 products broadcast across the tile. Here a tile is W slices (W = 16
-or 32, the block size), slice j holding element j of each of the tile's [BR, BK/W] blocks; every slice has the
-same layout (threads along R, whose reads are contiguous), so a block's amax, RHT and codes are per-thread work
-on registers, and only the packed bytes of a block are joined (in-thread) for one store. Compiled for sm_90 a
-bf16 column copy takes about a third of the instructions per element of the tile kernel's (tests/ptx_report.py).
+is the strided one: each block's amax is then a cross-thread reduction, and the codes pass through shared memory on
+their way to the store. Here a tile is W slices (W = 16 or 32, the block size), slice j holding element j of each
+of the tile's [BR, BK/W] blocks; every slice has the same layout (threads along R, whose reads are contiguous), so a
+block's amax, RHT and codes are per-thread work on registers, and only the packed bytes of a block are joined
+(in-thread) for one store. Compiled for sm_90 a bf16 column copy (NVFP4, SR + RHT) takes about half the
+instructions per element of the tile kernel's (tests/ptx_report.py).
 
-Same arguments, bytes and SR bits as ``_nvfp4_kernel`` / ``_mxfp8_kernel`` (the RHT's sums in the reference's
-order, each term exact); no 16x16 tiles (``TILE2D``). The K-grouped quantizers (``quantize_k_groups_triton``)
-build their slice kernels from the same pieces.
+Same arguments, bytes and SR bits as ``_nvfp4_kernel`` / ``_mxfp8_kernel`` (the RHT: ``slices_triton.rht16``); no
+16x16 tiles (``TILE2D``). The K-grouped quantizers (``quantize_k_groups_triton``) build their slice kernels from
+the same pieces.
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from autoprec.kernels.quantize_triton import (
     mxfp8_meta,
     nvfp4_amax,
 )
+from autoprec.kernels.slices_triton import join_slices, rht16
 
 # (BR, BK, warps) a GPU tunes over: 16 or 32 NVFP4 elements per thread, 64 MXFP8 (at 32, one row of a block
 # column per thread, its SR keys' fixed work made 70 sm_90 instructions per element against 58). Not yet timed
@@ -76,37 +77,6 @@ def load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, W: tl.constexpr, RHT: tl
             ys = ys + rht16(xs, m_ptr, g * 16)
         xs = ys
     return xs
-
-
-@triton.jit
-def rht16(xs, m_ptr, g: tl.constexpr):
-    """Slices ``xs[g:g+16]`` times H16·diag(signs)/4 (``m_ptr``: the signs): y_i = (sum over j = 0..15 in order,
-    from +0, of H[i, j]·(s_j·x_j)) · 1/4, ``rht_ref``'s sums bit for bit (its terms are the same exact ±x_j). H16's
-    signs are constants here, so each term is an add or a subtract."""
-    us = ()
-    for j in tl.static_range(16):
-        us = us + (xs[g + j] * tl.load(m_ptr + j),)
-    ys = ()
-    for i in tl.static_range(16):
-        acc = tl.zeros_like(us[0])
-        for j in tl.static_range(16):
-            if ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1 == 0:
-                acc = acc + us[j]  # FMA-safe: us[j] = ±x_j
-            else:
-                acc = acc - us[j]  # FMA-safe: us[j] = ±x_j
-        ys = ys + (acc * 0.25,)
-    return ys
-
-
-@triton.jit
-def join_slices(xs, lo: tl.constexpr, step: tl.constexpr, n: tl.constexpr):
-    """[BR, NB, n] of the n slices ``xs[lo], xs[lo + step], ...`` in that order, joined in-thread (call with lo 0,
-    step 1)."""
-    if n == 1:
-        return tl.expand_dims(xs[lo], 2)
-    else:
-        j = tl.join(join_slices(xs, lo, 2 * step, n // 2), join_slices(xs, lo + step, 2 * step, n // 2))
-        return tl.reshape(j, (j.shape[0], j.shape[1], n))
 
 
 @triton.jit

@@ -27,7 +27,6 @@ from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.launch import cdiv, hardware_fp8, nvfp4_hardware
 from autoprec.kernels.numerics_triton import (
     e2m1_pair,
-    hadamard_signs,
     pow2,
     round_and_encode,
     round_and_encode_fp8,
@@ -36,6 +35,7 @@ from autoprec.kernels.numerics_triton import (
 )
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
+from autoprec.kernels.slices_triton import join_slices, rht16
 
 BLOCK_R = 16  # the first config of the quantize kernels
 BLOCK_K = 64
@@ -81,21 +81,20 @@ KEY_ARGS = ["k1", "k2"]
 @triton.jit
 def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """A [BR, BK/16, 16] fp32 tile of the (R, K) view; with RHT each 16-group is multiplied by
-    H16·diag(signs)/4 (``m_ptr``: the 16 signs), summing j = 0..15 in order as the reference does."""
+    H16·diag(signs)/4 (``m_ptr``: the 16 signs) in the reference's order (``slices_triton.rht16``, on the tile's
+    16 slices, then joined)."""
     nb = tl.arange(0, BK // 16)
     j16 = tl.arange(0, 16)
     rmask = rows < R
     r64 = rows.to(tl.int64)  # element offsets in int64: a tensor (or a strided view) may span 2**31 elements
     if RHT:
-        y = tl.zeros((BR, BK // 16, 16), tl.float32)
+        xs = ()
         for j in tl.static_range(16):
             cols = col0 + nb * 16 + j
             mask = rmask[:, None] & (cols < K)[None, :]
-            xj = tl.load(x_ptr + r64[:, None] * s_r + cols.to(tl.int64)[None, :] * s_k, mask=mask,
-                         other=0.0).to(tl.float32)
-            mj = tl.load(m_ptr + j) * hadamard_signs(j & j16)  # column j of H16·diag(signs)
-            y = y + xj[:, :, None] * mj[None, None, :]  # FMA-safe: mj is ±1
-        return y * 0.25
+            xs = xs + (tl.load(x_ptr + r64[:, None] * s_r + cols.to(tl.int64)[None, :] * s_k, mask=mask,
+                               other=0.0).to(tl.float32),)
+        return join_slices(rht16(xs, m_ptr, 0), 0, 1, 16)
     cols = col0 + nb[:, None] * 16 + j16[None, :]
     mask = rmask[:, None, None] & (cols < K)[None, :, :]
     ptrs = x_ptr + r64[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k

@@ -1,4 +1,5 @@
 """Random Hadamard transform: orthogonal, preserves products, fixed and seedable signs."""
+import numpy as np
 import pytest
 import torch
 
@@ -38,3 +39,24 @@ def test_inverse_and_axis():
 def test_bad_length():
     with pytest.raises(ValueError, match=r"RHT: dim 0 of shape \(24, 4\)"):
         rht_ref(torch.randn(24, 4), 0)
+
+
+def test_rht_ref_rounds_in_the_butterfly_order():
+    """Each output is the fast Walsh-Hadamard transform's sums, each rounded once to fp32 (the order every
+    kernel reproduces bit for bit), after the signs and + 0 (a zero, of either sign, gives +0, never -0: padding
+    quantizes to zero bytes): checked against scalar float32 arithmetic, on values of wide range and zeros."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 16, generator=gen) * torch.exp2(torch.randint(-20, 20, (40, 16), generator=gen).float())
+    x[:2], x[2, ::2] = -0.0, 0.0
+    signs = rht_signs(7)
+    expected = []
+    for row in x.numpy():
+        u = [np.float32(v) * np.float32(s) + np.float32(0) for v, s in zip(row, signs.tolist())]
+        for h in (1, 2, 4, 8):
+            for i in range(16):
+                if not i & h:
+                    u[i], u[i + h] = u[i] + u[i + h], u[i] - u[i + h]
+        expected.append([v * np.float32(0.25) for v in u])
+    y = rht_ref(x, 1, signs)
+    assert bits_equal(y, torch.from_numpy(np.array(expected, dtype=np.float32)))
+    assert y[:2].view(torch.int32).eq(0).all()

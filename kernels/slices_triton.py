@@ -1,0 +1,43 @@
+"""Tiles held as tuples of slices (slice j: element j of each of a tile's blocks, all slices in one layout, so a
+block's elements sit in one thread): the RHT on them and their in-thread join into one tensor.
+
+``rht16`` computes ``hadamard_ref.rht_ref``'s order bit for bit: the signs, the fast Walsh-Hadamard transform's
+four butterfly stages, the exact ·1/4 — four additions per element, each rounded once, against the sixteen of a
+row of H16. On slices every butterfly is elementwise: no value crosses threads."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rht16(xs, m_ptr, g: tl.constexpr):
+    """Slices ``xs[g:g+16]`` times H16·diag(signs)/4 (``m_ptr``: the signs): u_j = s_j·x_j + 0 (no -0), then for
+    h = 1, 2, 4, 8 the pairs (u_i, u_{i+h}) with i & h == 0 become (u_i + u_{i+h}, u_i - u_{i+h}), then
+    y_i = u_i · 1/4."""
+    us = ()
+    for j in tl.static_range(16):
+        us = us + (xs[g + j] * tl.load(m_ptr + j) + 0.0,)  # FMA-safe: ±x_j exact; + 0 makes a zero +0
+    for stage in tl.static_range(4):
+        vs = ()
+        for i in tl.static_range(16):
+            if (i >> stage) & 1 == 0:
+                vs = vs + (us[i] + us[i + (1 << stage)],)  # FMA-safe: products only at stage 0, s_j·x_j exact
+            else:
+                vs = vs + (us[i - (1 << stage)] - us[i],)  # FMA-safe: as above
+        us = vs
+    ys = ()
+    for i in tl.static_range(16):
+        ys = ys + (us[i] * 0.25,)
+    return ys
+
+
+@triton.jit
+def join_slices(xs, lo: tl.constexpr, step: tl.constexpr, n: tl.constexpr):
+    """[BR, NB, n] of the n slices ``xs[lo], xs[lo + step], ...`` in that order, joined in-thread (call with lo 0,
+    step 1)."""
+    if n == 1:
+        return tl.expand_dims(xs[lo], 2)
+    else:
+        j = tl.join(join_slices(xs, lo, 2 * step, n // 2), join_slices(xs, lo + step, 2 * step, n // 2))
+        return tl.reshape(j, (j.shape[0], j.shape[1], n))
