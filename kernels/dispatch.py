@@ -17,6 +17,7 @@ with the kernel, so nothing is lost but speed.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import replace
 
@@ -38,13 +39,19 @@ KERNEL_OUT_DTYPES = (torch.float32, torch.bfloat16)  # what the matmul kernels w
 
 def triton_runtime_reason(device: torch.device) -> str | None:
     """Why Triton cannot run on ``device`` here (None when it can)."""
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "triton is not installed (pip install 'autoprec[triton]')"
     if device.type == "cuda":
         return None
     if interpreting() and device.type == "cpu":
         return None
     return f"Triton needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors; got device {device}"
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether triton can be imported (looked up once: each matmul and quantization asks)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def triton_problem(device: torch.device, reason: str | None) -> str | None:
