@@ -210,34 +210,41 @@ void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut,
 }
 
 /* The RHT along K in tiles of 16, in hadamard_ref's order: u_j = x_j * s_j + 0 (no -0), the four butterfly
- * stages (pairs i, i + h for h = 1, 2, 4, 8: a + b, a - b), then y_i = u_i * 1/4. */
-INLINE void rht_tile(const float *x, const float *signs, float *y) {
-    float u[16];
-    for (int j = 0; j < 16; j++) u[j] = x[j] * signs[j] + 0.0f;
-#pragma GCC unroll 4
+ * stages (pairs i, i + h for h = 1, 2, 4, 8: a + b, a - b), then y_i = u_i * 1/4. Here for n <= 16 consecutive
+ * tiles at once, held transposed (u[j][t]: element j of tile t), so that every butterfly runs across the tiles in
+ * vector lanes. */
+INLINE void rht_tiles(const float *x, const float *signs, float *y, int64_t n) {
+    float u[16][16] = {{0}};
+    for (int64_t t = 0; t < n; t++)
+        for (int j = 0; j < 16; j++) u[j][t] = x[t * 16 + j] * signs[j] + 0.0f;
     for (int h = 1; h < 16; h *= 2)
-#pragma GCC unroll 16
         for (int i = 0; i < 16; i++)
-            if (!(i & h)) {
-                float a = u[i], b = u[i + h];
-                u[i] = a + b;
-                u[i + h] = a - b;
-            }
-    for (int i = 0; i < 16; i++) y[i] = u[i] * 0.25f;
+            if (!(i & h))
+                for (int t = 0; t < 16; t++) {
+                    float a = u[i][t], b = u[i + h][t];
+                    u[i][t] = a + b;
+                    u[i + h][t] = a - b;
+                }
+    for (int64_t t = 0; t < n; t++)
+        for (int i = 0; i < 16; i++) y[t * 16 + i] = u[i][t] * 0.25f;
 }
 
 void rht16(const float *x, int64_t R, int64_t K, const float *signs, float *y) {
-    for (int64_t t = 0; t < R * K; t += 16) rht_tile(x + t, signs, y + t);
+    int64_t tiles = R * K / 16;
+    for (int64_t t = 0; t < tiles; t += 16)
+        rht_tiles(x + t * 16, signs, y + t * 16, tiles - t < 16 ? tiles - t : 16);
 }
 
 /* The max |y| over the finite values of rht16's output y, without writing y (the tensor scale of a
  * transformed tensor when only a part of it is quantized). */
 void rht16_amax(const float *x, int64_t R, int64_t K, const float *signs, float *amax) {
     uint32_t m = 0;
-    for (int64_t t = 0; t < R * K; t += 16) {
-        float y[16];
-        rht_tile(x + t, signs, y);
-        for (int i = 0; i < 16; i++) {
+    int64_t tiles = R * K / 16;
+    for (int64_t t = 0; t < tiles; t += 16) {
+        float y[256];
+        int64_t n = tiles - t < 16 ? tiles - t : 16;
+        rht_tiles(x + t * 16, signs, y, n);
+        for (int64_t i = 0; i < n * 16; i++) {
             uint32_t b = bits_of(y[i]) & 0x7FFFFFFFu;
             b &= -(uint32_t)(b < 0x7F800000u);
             m = b > m ? b : m;
