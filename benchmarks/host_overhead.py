@@ -31,6 +31,7 @@ from autoprec.kernels import (  # noqa: E402
     dispatch,
     grouped_dispatch,
     grouped_mm_triton,
+    quantize_cols_triton,
     quantize_grouped_triton,
     quantize_k_groups_triton,
     quantize_triton,
@@ -118,15 +119,15 @@ def per_op(calls: int) -> None:
 
 def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
     """Milliseconds per forward + backward of a d=64 GPT (the op count of any width; ``experts``: MoE MLPs) under
-    inductor: unplanned (fp32), then each plan, with the number of quantizations and block-scaled matmuls a step
-    makes (a grouped quantization counts once)."""
+    inductor: unplanned (fp32), then each plan, with the number of quantizations, NVFP4 tensor amax passes and
+    block-scaled matmuls a step makes (a grouped quantization counts once)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from gpt_model import TinyGPT, tokens
 
     idx, tgt = tokens(batch=1, ctx=64, vocab=512)
     name = f"GPT {layers}x64" + (f", {experts} experts" if experts else "")
     print(f"\n{'training step, ' + name + ' under inductor (CPU)':<50}{'ms':>8}{'x fp32':>8}{'quantize':>10}"
-          f"{'matmul':>8}")
+          f"{'amax':>6}{'matmul':>8}")
     base = None
     for recipe in (None, "nvfp4", "mxfp8"):
         torch._dynamo.reset()
@@ -140,20 +141,22 @@ def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
 
         for _ in range(3):  # compile, plan
             step()
-        quantizes, matmuls = _count_calls(step)
+        quantizes, amaxes, matmuls = _count_calls(step)
         ms = per_call_us(step, timed) / 1e3
         base = base or ms
-        print(f"  {recipe or 'fp32':<48}{ms:>8.2f}{ms / base:>8.2f}{quantizes:>10}{matmuls:>8}")
+        print(f"  {recipe or 'fp32':<48}{ms:>8.2f}{ms / base:>8.2f}{quantizes:>10}{amaxes:>6}{matmuls:>8}")
 
 
-def _count_calls(step) -> tuple[int, int]:
-    """(quantizations, block-scaled matmuls) in one ``step``: calls of the Triton quantizers and the decoded matmuls
-    (a grouped one counts once)."""
+def _count_calls(step) -> tuple[int, int, int]:
+    """(quantizations, NVFP4 tensor amax passes, block-scaled matmuls) in one ``step``: calls of the Triton
+    quantizers, of the whole-tensor amax launches (a pair's shared amax counts once; the grouped quantizers' amax
+    kernels are not counted) and of the decoded matmuls (a grouped one counts once)."""
     counts = {}
     targets = ((quantize_triton, "quantize_triton"), (quantize_grouped_triton, "quantize_row_groups_triton"),
                (quantize_grouped_triton, "quantize_batches_triton"), (scaled_mm_decoded, "scaled_mm_decoded"),
                (quantize_k_groups_triton, "quantize_k_groups_triton"), (grouped_mm_triton, "grouped_mm_decoded"),
-               (grouped_mm_triton, "grouped_wgrad_decoded"))
+               (grouped_mm_triton, "grouped_wgrad_decoded"), (quantize_triton, "launch_amax"),
+               (quantize_cols_triton, "launch_rht_amax"))
     saved = [getattr(module, name) for module, name in targets]
 
     def counted(name, fn):
@@ -171,8 +174,9 @@ def _count_calls(step) -> tuple[int, int]:
             setattr(module, name, fn)
     quantizes = sum(counts.get(name, 0) for name in ("quantize_triton", "quantize_row_groups_triton",
                                                       "quantize_batches_triton", "quantize_k_groups_triton"))
-    return quantizes, sum(counts.get(name, 0) for name in ("scaled_mm_decoded", "grouped_mm_decoded",
-                                                           "grouped_wgrad_decoded"))
+    amaxes = counts.get("launch_amax", 0) + counts.get("launch_rht_amax", 0)
+    return quantizes, amaxes, sum(counts.get(name, 0) for name in ("scaled_mm_decoded", "grouped_mm_decoded",
+                                                                   "grouped_wgrad_decoded"))
 
 
 if __name__ == "__main__":

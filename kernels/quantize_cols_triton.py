@@ -261,19 +261,19 @@ def finite_amax(ys):
 
 
 def quantize_cols(fmt: Format, args: tuple, s_dec: torch.Tensor | None, r_strides: tuple[int, int], scale_mode: str,
-                  flags: dict) -> None:
+                  flags: dict, amax: torch.Tensor | None = None) -> None:
     """Launch the slice kernels for ``quantize_triton``: ``args`` = (m, its RHT signs, rand_ptr, k1, k2, codes,
-    scales), ``m`` the (R, K) view; NVFP4's tensor amax first (with the RHT, in slices too)."""
+    scales), ``m`` the (R, K) view; NVFP4's tensor amax first (with the RHT, in slices too) unless given."""
     m, mt = args[:2]
     grid = _grid(m)
     if fmt is not NVFP4:
         _mxfp8_cols_kernel[grid](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode, m.device),
                                  **flags)
         return
-    if flags["RHT"]:
+    if amax is None and flags["RHT"]:
         amax = torch.zeros((), device=m.device, dtype=torch.int32)
         launch_rht_amax(m, mt, amax, m.shape, m.stride())
-    else:
+    elif amax is None:
         amax = nvfp4_amax(m, mt, False)
     _nvfp4_cols_kernel[grid](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides, HW=nvfp4_hardware(m.device),
                              **flags)

@@ -340,12 +340,16 @@ def quantize_triton(
     scale_mode: str = "rceil",
     rht: bool = False,
     rht_signs_: torch.Tensor | None = None,
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Triton quantize of ``x`` (already checked by ``supports``) along ``axis``; the RHT, if asked,
     is applied along ``axis`` inside the kernel. Stochastic rounding takes its bits from ``rand`` or,
     given the stream ``seed`` instead (an int, or a ``StepStream`` whose step the kernel reads on the device),
     computes ``sr_bits(x.shape, seed)`` in the kernel (no pass over memory; a 3D tensor blocked along its
-    middle dim materialises them)."""
+    middle dim materialises them). ``amax``: NVFP4's tensor amax cell (``nvfp4_amax``) of the same values, already
+    computed (for the other copy of a pair; not with the RHT, whose values differ), so no amax pass runs."""
+    if amax is not None and (fmt is not NVFP4 or rht):
+        raise ValueError(f"quantize_triton: a given amax needs NVFP4 without the RHT, got {fmt.name}, rht={rht}")
     axis = normalize_axis(axis, x.ndim)
     m = _as_matrix(x, axis)
     n_rows, k = m.shape
@@ -370,9 +374,10 @@ def quantize_triton(
     if m.stride(1) != 1 and not tile2d:  # blocks read down a strided dim (a column copy), not in 16x16 tiles
         from autoprec.kernels.quantize_cols_triton import quantize_cols
 
-        quantize_cols(fmt, args, s_dec, r_strides, scale_mode, common)
+        quantize_cols(fmt, args, s_dec, r_strides, scale_mode, common, amax)
     elif fmt is NVFP4:
-        _nvfp4_kernel[_grid(m)](*args, nvfp4_amax(m, mt, rht), s_dec, *m.shape, *m.stride(), *r_strides,
+        amax = nvfp4_amax(m, mt, rht) if amax is None else amax
+        _nvfp4_kernel[_grid(m)](*args, amax, s_dec, *m.shape, *m.stride(), *r_strides,
                                 TILE2D=tile2d, HW=nvfp4_hardware(x.device), **common)
     else:
         _mxfp8_kernel[_grid(m)](*args, *m.shape, *m.stride(), *r_strides, **mxfp8_meta(fmt, scale_mode, x.device),

@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from autoprec import backend
+from autoprec.kernels import dispatch, quantize_cols_triton, quantize_triton, rht_signs
 from autoprec.kernels.ops import quantize, quantize_dual
+from autoprec.kernels.quantized import QuantCopy
+from autoprec.kernels.random_bits import StepStream
 
 from gpt_model import MLP
 from helpers import bits_equal, edge_tensor
@@ -28,6 +31,30 @@ def test_dual_op_makes_the_bytes_of_two_quantize_ops(monkeypatch, kernels, fmt, 
         src, axis = (x.t(), 1 - axis) if transposed else (x, axis)
         want = quantize(src, fmt, axis, rounding, seed, False, "rceil", rht, 0, STEP)
         assert all(bits_equal(g, w) for g, w in zip(parts, want))
+
+
+@pytest.mark.parametrize("a,b", [
+    (QuantCopy(StepStream(2, STEP)), QuantCopy(StepStream(3, STEP), transposed_source=True)),  # a gradient
+    (QuantCopy(transposed_source=True), QuantCopy()),  # a weight seen as Wᵀ by fprop
+    (QuantCopy(), QuantCopy(rht=True)),  # an activation, RHT on its wgrad copy: its amax is the transform's
+], ids=["gradient", "weight", "activation-rht"])
+def test_gpu_copies_share_the_tensor_amax(monkeypatch, a, b):
+    """The two quantizations a GPU runs for a pair (``quantize_copies``, Triton in the interpreter) make the bytes
+    of two quantize calls, and read x once for NVFP4's tensor amax where neither copy takes the RHT."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    launches = []
+    for module, name in ((quantize_triton, "launch_amax"), (quantize_cols_triton, "launch_rht_amax")):
+        launch = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, f=launch, **kw: launches.append(1) or f(*args, **kw))
+    x = edge_tensor(64, 96)
+    got = dispatch.quantize_copies(x, "nvfp4", a, b, rht_signs=rht_signs(0))
+    assert len(launches) == (2 if b.rht else 1)
+    for copy, axis, q in ((a, 1, got[0]), (b, 0, got[1])):
+        src, axis = copy.source(x, axis)
+        want = dispatch.quantize(src, "nvfp4", axis, rounding="rne" if copy.seed is None else "sr",
+                                 seed=copy.seed or 0, rht=copy.rht, rht_signs=rht_signs(0))
+        assert bits_equal(q.codes.view(torch.uint8), want.codes.view(torch.uint8))
+        assert bits_equal(q.scales, want.scales) and bits_equal(q.tensor_scale, want.tensor_scale)
 
 
 def run_mlp(recipe: str) -> tuple[list[torch.Tensor], list[str]]:
