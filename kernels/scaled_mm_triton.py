@@ -8,6 +8,8 @@ bfloat16). ``tl.dot_scaled`` is not used: no Blackwell part was available to ver
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -145,27 +147,46 @@ def scaled_mm_kernel(
     B_TILE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
 ):
-    """With GUARDED, a program computes its tile only if the int32 at ``flag_ptr`` is not 0 (set on the device
-    by ``scaled_mm_decoded``'s decode when a value was not exact in bf16)."""
-    run = 1
+    """One output tile per program; with GUARDED a persistent grid (``guard_programs``) whose programs return at
+    once while the int32 at ``flag_ptr`` is 0, else stride over all tiles (the flag is set on the device by
+    ``scaled_mm_decoded``'s decode when a value was not exact in bf16): a clear flag costs a few programs, not one
+    per output tile."""
     if GUARDED:
-        run = tl.load(flag_ptr)
-    if run != 0:
-        m0, n0 = grouped_tile(tl.program_id(0), M, N, BM, BN)
-        ac, asc = from_row(a_codes, a_scales, m0, K, A_KIND, 1)  # tiles index their rows from 0
-        bc, bsc = from_row(b_codes, b_scales, n0, K, B_KIND, B_TILE_ROWS)
-        local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, K, BK):  # NVFP4 tiles for tensor cores (DOT not 0, FP32) decode per block: no spills
-            a = dot_operand(decode_tile(ac, asc, local_m, k0, M - m0, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS,
-                                        A_INF, 1, DOT != 0 and A_KIND == 0), DOT)
-            b = dot_operand(decode_tile(bc, bsc, local_n, k0, N - n0, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS,
-                                        B_INF, B_TILE_ROWS, DOT != 0 and B_KIND == 0), DOT)
-            acc = accumulate(acc, a, b, DOT)
-        acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
-        # from the tile's first row in int64: an (M, N) output (logits) may pass 2**31 elements
-        store_tile(acc, bias_ptr, out_ptr + tl.cast(m0, tl.int64) * N, local_m, n0 + local_n, M - m0, N, HAS_BIAS,
-                   OUT_BF16)
+        if tl.load(flag_ptr) != 0:
+            for pid in range(tl.program_id(0), tl.cdiv(M, BM) * tl.cdiv(N, BN), tl.num_programs(0)):
+                _product_tile(pid, a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, M, N, K,
+                              A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF,
+                              B_TILE_ROWS, HAS_BIAS, OUT_BF16, BM, BN, BK, DOT)
+    else:
+        _product_tile(tl.program_id(0), a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, M, N, K,
+                      A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS,
+                      HAS_BIAS, OUT_BF16, BM, BN, BK, DOT)
+
+
+@triton.jit
+def _product_tile(
+    pid, a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, bias_ptr, out_ptr, M, N, K,
+    A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
+    B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
+    B_TILE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+):
+    """Output tile ``pid`` (``grouped_tile``'s order) of the product."""
+    m0, n0 = grouped_tile(pid, M, N, BM, BN)
+    ac, asc = from_row(a_codes, a_scales, m0, K, A_KIND, 1)  # tiles index their rows from 0
+    bc, bsc = from_row(b_codes, b_scales, n0, K, B_KIND, B_TILE_ROWS)
+    local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, BK):  # NVFP4 tiles for tensor cores (DOT not 0, FP32) decode per block: no spills
+        a = dot_operand(decode_tile(ac, asc, local_m, k0, M - m0, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS,
+                                    A_INF, 1, DOT != 0 and A_KIND == 0), DOT)
+        b = dot_operand(decode_tile(bc, bsc, local_n, k0, N - n0, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS,
+                                    B_INF, B_TILE_ROWS, DOT != 0 and B_KIND == 0), DOT)
+        acc = accumulate(acc, a, b, DOT)
+    acc = apply_tensor_scales(acc, a_ts, b_ts, A_KIND, B_KIND)
+    # from the tile's first row in int64: an (M, N) output (logits) may pass 2**31 elements
+    store_tile(acc, bias_ptr, out_ptr + tl.cast(m0, tl.int64) * N, local_m, n0 + local_n, M - m0, N, HAS_BIAS,
+               OUT_BF16)
 
 
 @triton.jit
@@ -194,13 +215,25 @@ def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Ten
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     bm, bn, bk = blocks
-    scaled_mm_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
+    tiles = cdiv(m, bm) * cdiv(n, bn)
+    scaled_mm_kernel[(tiles if flag is None else min(tiles, guard_programs(out.device)),)](
         *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, flag if flag is not None else out, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
         HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot,
         GUARDED=flag is not None, **options,
     )
     return out
+
+
+def guard_programs(device: torch.device) -> int:
+    """The guarded kernel's persistent grid on ``device``: four programs per SM on a GPU (the recompute, when the
+    flag is set, still fills it), four in the interpreter."""
+    return 4 * _sm_count(device.index) if device.type == "cuda" else 4
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, *,

@@ -123,7 +123,8 @@ def test_decoded_matmul_recomputes_values_bf16_does_not_hold(gemm):
 
 def test_decode_flags_only_values_bf16_does_not_hold():
     """Zero blocks (E8M0 scale 2**-127), normal data and NVFP4 leave the flag clear; the same kernel's GEMM
-    programs then return at once and leave the product as cuBLAS wrote it."""
+    programs then return at once and leave the product as cuBLAS wrote it; once set, its persistent grid (4
+    programs in the interpreter) computes all 8 output tiles."""
     x = torch.randn(64, 64)
     x[:, :32] = 0.0
     flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
@@ -131,8 +132,8 @@ def test_decode_flags_only_values_bf16_does_not_hold():
         decode_bf16(as_operand(to_device(quantize_ref(x, fmt, 1), DEVICE), 1, "a"), flag)
     assert flag.item() == 0
     oa = as_operand(to_device(quantize_ref(x, "mxfp8", 1), DEVICE), 1, "a")
-    ob = as_operand(to_device(quantize_ref(torch.randn(64, 16), "mxfp8", 0), DEVICE), 0, "b")
-    out = torch.full((64, 16), 7.0, device=DEVICE)
+    ob = as_operand(to_device(quantize_ref(torch.randn(64, 64), "mxfp8", 0), DEVICE), 0, "b")
+    out = torch.full((64, 64), 7.0, device=DEVICE)
     launch((32, 16, 32), oa, ob, None, torch.float32, DOT_FP32, out=out, flag=flag)
     assert (out == 7.0).all()
     flag.fill_(1)
