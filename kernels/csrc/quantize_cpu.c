@@ -210,41 +210,53 @@ void mx_dequantize(const uint8_t *codes, int64_t R, int64_t K, const float *lut,
 }
 
 /* The RHT along K in tiles of 16, in hadamard_ref's order: u_j = x_j * s_j + 0 (no -0), the four butterfly
- * stages (pairs i, i + h for h = 1, 2, 4, 8: a + b, a - b), then y_i = u_i * 1/4. Here for n <= 16 consecutive
- * tiles at once, held transposed (u[j][t]: element j of tile t), so that every butterfly runs across the tiles in
- * vector lanes. */
-INLINE void rht_tiles(const float *x, const float *signs, float *y, int64_t n) {
-    float u[16][16] = {{0}};
-    for (int64_t t = 0; t < n; t++)
-        for (int j = 0; j < 16; j++) u[j][t] = x[t * 16 + j] * signs[j] + 0.0f;
-    for (int h = 1; h < 16; h *= 2)
-        for (int i = 0; i < 16; i++)
-            if (!(i & h))
-                for (int t = 0; t < 16; t++) {
-                    float a = u[i][t], b = u[i + h][t];
-                    u[i][t] = a + b;
-                    u[i + h][t] = a - b;
-                }
-    for (int64_t t = 0; t < n; t++)
-        for (int i = 0; i < 16; i++) y[t * 16 + i] = u[i][t] * 0.25f;
+ * stages (pairs i, i + h for h = 1, 2, 4, 8: a + b, a - b), then y_i = u_i * 1/4. A tile is one 16-float vector:
+ * at stage h each lane i adds its partner i ^ h (a shuffle), its own value negated where i & h (u_{i-h} - u_i is
+ * p + (-v): the same rounding). */
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+#ifdef __clang__
+#define PARTNERS(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define PARTNERS(v, ...) __builtin_shuffle(v, (i32x16){__VA_ARGS__})
+#endif
+
+INLINE void rht_tile(const float *x, f32x16 signs, float *y) {
+    const f32x16 g1 = {1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1};
+    const f32x16 g2 = {1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1};
+    const f32x16 g4 = {1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1};
+    const f32x16 g8 = {1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1};
+    f32x16 v;
+    memcpy(&v, x, sizeof v);
+    v = v * signs + 0.0f;
+    v = v * g1 + PARTNERS(v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    v = v * g2 + PARTNERS(v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v = v * g4 + PARTNERS(v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v = v * g8 + PARTNERS(v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v = v * 0.25f;
+    memcpy(y, &v, sizeof v);
+}
+
+INLINE f32x16 sign_vector(const float *signs) {
+    f32x16 s;
+    memcpy(&s, signs, sizeof s);
+    return s;
 }
 
 void rht16(const float *x, int64_t R, int64_t K, const float *signs, float *y) {
-    int64_t tiles = R * K / 16;
-    for (int64_t t = 0; t < tiles; t += 16)
-        rht_tiles(x + t * 16, signs, y + t * 16, tiles - t < 16 ? tiles - t : 16);
+    f32x16 s = sign_vector(signs);
+    for (int64_t t = 0; t < R * K; t += 16) rht_tile(x + t, s, y + t);
 }
 
 /* The max |y| over the finite values of rht16's output y, without writing y (the tensor scale of a
  * transformed tensor when only a part of it is quantized). */
 void rht16_amax(const float *x, int64_t R, int64_t K, const float *signs, float *amax) {
     uint32_t m = 0;
-    int64_t tiles = R * K / 16;
-    for (int64_t t = 0; t < tiles; t += 16) {
-        float y[256];
-        int64_t n = tiles - t < 16 ? tiles - t : 16;
-        rht_tiles(x + t * 16, signs, y, n);
-        for (int64_t i = 0; i < n * 16; i++) {
+    f32x16 s = sign_vector(signs);
+    for (int64_t t = 0; t < R * K; t += 16) {
+        float y[16];
+        rht_tile(x + t, s, y);
+        for (int i = 0; i < 16; i++) {
             uint32_t b = bits_of(y[i]) & 0x7FFFFFFFu;
             b &= -(uint32_t)(b < 0x7F800000u);
             m = b > m ? b : m;
