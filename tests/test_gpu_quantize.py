@@ -113,10 +113,13 @@ def test_gpu_hardware_conversions_equal_the_integer_path(monkeypatch, fmt, round
         assert problem is None, (axis, problem)
 
 
+@pytest.mark.parametrize("pair", [GRADIENT_PAIR, (QuantCopy(SEED), QuantCopy(SEED + 1, transposed_source=True))],
+                         ids=["gradient", "no_rht"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
-def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt):
+def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt, pair):
+    """What a GPU runs for a pair (two quantizations; NVFP4 copies without the RHT share one amax pass)."""
     x = edge_tensor(1024, 768).bfloat16()
-    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, *GRADIENT_PAIR), x)
+    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, *pair), x)
     assert_both_same(got, want)
 
 
