@@ -41,6 +41,7 @@ from autoprec.kernels.scaled_mm_triton import (
     decode_tile,
     dot_operand,
     from_row,
+    guard_programs,
     store_tile,
 )
 
@@ -104,61 +105,101 @@ def grouped_mm_kernel(
     tiles, each group's rows cut into tiles of its own (``_tile_group``), plus the tiles of the rows past the last
     offset, which it writes as zeros; programs past the last tile do nothing. Expert g's B codes and scales start
     ``g·b_step`` and ``g·bs_step`` elements in, its tensor scales (A_TS, B_TS) are ``a_ts[g]``, ``b_ts[g]``.
-    GUARDED: as ``scaled_mm_kernel``'s (run only where the int32 at ``flag_ptr`` is set)."""
-    run = 1
+    GUARDED: a persistent 1D grid, as ``scaled_mm_kernel``'s (its programs stride over the row tiles' and column
+    tiles' pairs only where the int32 at ``flag_ptr`` is set)."""
     if GUARDED:
-        run = tl.load(flag_ptr)
-    if run != 0:
-        p = tl.program_id(0)
-        g, first, start, end = _tile_group(offs_ptr, p, T, E, EP, BM, EQUAL)
-        if g <= E:
-            top = start + (p - first) * BM  # the tile's first row; its rows indexed from there
-            rm = tl.arange(0, BM)
-            rn = tl.program_id(1) * BN + tl.arange(0, BN)
-            acc = tl.zeros((BM, BN), tl.float32)
-            if g < E:
-                ac, asc = from_row(a_codes, a_scales, top, K, A_KIND, 1)
-                at = tl.cast(g, tl.int64)  # an expert's operand may start past 2**31 elements
-                bc, bs = b_codes + at * b_step, b_scales + at * bs_step
-                for k0 in range(0, K, BK):
-                    a = operand_tile(ac, asc, rm, k0, end - top, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1,
-                                     DOT)
-                    b = operand_tile(bc, bs, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS,
-                                     DOT)
-                    acc = accumulate(acc, a, b, DOT)
-                acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
-            store_tile(acc, out_ptr, out_ptr + tl.cast(top, tl.int64) * N, rm, rn, end - top, N, False, OUT_BF16)
+        if tl.load(flag_ptr) != 0:
+            if EQUAL:
+                row_tiles = E * tl.cdiv(T // E, BM)
+            else:
+                row_tiles = tl.cdiv(T, BM) + E + 1
+            col_tiles = tl.cdiv(N, BN)
+            for q in range(tl.program_id(0), row_tiles * col_tiles, tl.num_programs(0)):
+                _grouped_tile(q // col_tiles, q % col_tiles, a_codes, a_scales, a_ts, b_codes, b_scales, b_ts,
+                              offs_ptr, out_ptr, T, N, K, E, b_step, bs_step, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF,
+                              B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS, A_TS, B_TS, OUT_BF16, EP, EQUAL,
+                              BM, BN, BK, DOT)
+    else:
+        _grouped_tile(tl.program_id(0), tl.program_id(1), a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, offs_ptr,
+                      out_ptr, T, N, K, E, b_step, bs_step, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, B_KIND, B_EBITS,
+                      B_MBITS, B_BIAS, B_INF, B_TILE_ROWS, A_TS, B_TS, OUT_BF16, EP, EQUAL, BM, BN, BK, DOT)
+
+
+@triton.jit
+def _grouped_tile(
+    p, pid_n, a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, offs_ptr, out_ptr, T, N, K, E, b_step, bs_step,
+    A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
+    B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
+    B_TILE_ROWS: tl.constexpr, A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, EP: tl.constexpr,
+    EQUAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+):
+    """Row tile ``p``, column tile ``pid_n`` of ``grouped_mm_kernel``'s product."""
+    g, first, start, end = _tile_group(offs_ptr, p, T, E, EP, BM, EQUAL)
+    if g <= E:
+        top = start + (p - first) * BM  # the tile's first row; its rows indexed from there
+        rm = tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), tl.float32)
+        if g < E:
+            ac, asc = from_row(a_codes, a_scales, top, K, A_KIND, 1)
+            at = tl.cast(g, tl.int64)  # an expert's operand may start past 2**31 elements
+            bc, bs = b_codes + at * b_step, b_scales + at * bs_step
+            for k0 in range(0, K, BK):
+                a = operand_tile(ac, asc, rm, k0, end - top, K, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
+                b = operand_tile(bc, bs, rn, k0, N, K, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, B_TILE_ROWS,
+                                 DOT)
+                acc = accumulate(acc, a, b, DOT)
+            acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
+        store_tile(acc, out_ptr, out_ptr + tl.cast(top, tl.int64) * N, rm, rn, end - top, N, False, OUT_BF16)
 
 
 @triton.jit
 def grouped_wgrad_kernel(
-    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, ends_ptr, out_ptr, flag_ptr, M, N, KP,
+    a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, ends_ptr, out_ptr, flag_ptr, M, N, KP, E,
     A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
     B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
     A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
 ):
-    """Output tile (program ids 0, 1) of group ``program_id(2)``'s (M, N) product, reduced over the group's padded
-    columns (``ends_ptr``: their cumulative ends; BK divides every group's width); GUARDED as in
-    ``grouped_mm_kernel``."""
-    run = 1
+    """Output tile (program ids 0, 1) of group ``program_id(2)``'s (M, N) product, of E groups, reduced over the
+    group's padded columns (``ends_ptr``: their cumulative ends; BK divides every group's width); GUARDED: a
+    persistent 1D grid striding over the groups' tiles where the flag is set, as in ``grouped_mm_kernel``."""
     if GUARDED:
-        run = tl.load(flag_ptr)
-    if run != 0:
-        g = tl.program_id(2)
-        m0, n0 = tl.program_id(0) * BM, tl.program_id(1) * BN
-        ac, asc = from_row(a_codes, a_scales, m0, KP, A_KIND, 1)  # (M, KP) passes 2**31 at half a million tokens
-        bc, bsc = from_row(b_codes, b_scales, n0, KP, B_KIND, 1)
-        local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), tl.float32)
-        lo = tl.maximum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), 0)  # held to 0 .. KP, whatever the ends
-        for k0 in range(lo, tl.minimum(tl.load(ends_ptr + g), KP), BK):
-            a = operand_tile(ac, asc, local_m, k0, M - m0, KP, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
-            b = operand_tile(bc, bsc, local_n, k0, N - n0, KP, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, 1, DOT)
-            acc = accumulate(acc, a, b, DOT)
-        acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
-        store_tile(acc, out_ptr, out_ptr + tl.cast(g, tl.int64) * M * N, m0 + local_m, n0 + local_n, M, N, False,
-                   OUT_BF16)
+        if tl.load(flag_ptr) != 0:
+            row_tiles, col_tiles = tl.cdiv(M, BM), tl.cdiv(N, BN)
+            for q in range(tl.program_id(0), row_tiles * col_tiles * E, tl.num_programs(0)):
+                _wgrad_tile(q // col_tiles % row_tiles, q % col_tiles, q // (row_tiles * col_tiles), a_codes,
+                            a_scales, a_ts, b_codes, b_scales, b_ts, ends_ptr, out_ptr, M, N, KP, A_KIND, A_EBITS,
+                            A_MBITS, A_BIAS, A_INF, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, A_TS, B_TS, OUT_BF16, BM,
+                            BN, BK, DOT)
+    else:
+        _wgrad_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), a_codes, a_scales, a_ts, b_codes, b_scales,
+                    b_ts, ends_ptr, out_ptr, M, N, KP, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, B_KIND, B_EBITS,
+                    B_MBITS, B_BIAS, B_INF, A_TS, B_TS, OUT_BF16, BM, BN, BK, DOT)
+
+
+@triton.jit
+def _wgrad_tile(
+    pid_m, pid_n, g, a_codes, a_scales, a_ts, b_codes, b_scales, b_ts, ends_ptr, out_ptr, M, N, KP,
+    A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_INF: tl.constexpr,
+    B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_INF: tl.constexpr,
+    A_TS: tl.constexpr, B_TS: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, DOT: tl.constexpr,
+):
+    """Tile (``pid_m``, ``pid_n``) of group ``g``'s product in ``grouped_wgrad_kernel``."""
+    m0, n0 = pid_m * BM, pid_n * BN
+    ac, asc = from_row(a_codes, a_scales, m0, KP, A_KIND, 1)  # (M, KP) passes 2**31 at half a million tokens
+    bc, bsc = from_row(b_codes, b_scales, n0, KP, B_KIND, 1)
+    local_m, local_n = tl.arange(0, BM), tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), tl.float32)
+    lo = tl.maximum(tl.load(ends_ptr + g - 1, mask=g > 0, other=0), 0)  # held to 0 .. KP, whatever the ends
+    for k0 in range(lo, tl.minimum(tl.load(ends_ptr + g), KP), BK):
+        a = operand_tile(ac, asc, local_m, k0, M - m0, KP, BK, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_INF, 1, DOT)
+        b = operand_tile(bc, bsc, local_n, k0, N - n0, KP, BK, B_KIND, B_EBITS, B_MBITS, B_BIAS, B_INF, 1, DOT)
+        acc = accumulate(acc, a, b, DOT)
+    acc = group_tensor_scales(acc, a_ts, b_ts, g, A_TS, B_TS)
+    store_tile(acc, out_ptr, out_ptr + tl.cast(g, tl.int64) * M * N, m0 + local_m, n0 + local_n, M, N, False,
+               OUT_BF16)
 
 
 Launch = Callable[..., torch.Tensor]
@@ -195,7 +236,10 @@ def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torc
     equal = offs is None
     # at most one partial tile per group and the tail; E whole runs of tiles for equal groups
     tiles = experts * cdiv(t // experts, blocks[0]) if equal else cdiv(t, blocks[0]) + experts + 1
-    grouped_mm_kernel[(tiles, cdiv(n, blocks[1]))](
+    grid = (tiles, cdiv(n, blocks[1]))
+    if flag is not None:
+        grid = (min(grid[0] * grid[1], guard_programs(out.device)),)
+    grouped_mm_kernel[grid](
         *_args(a, b, a_ts, b_ts, out), out if equal else offs, store_view(out), out if flag is None else flag, t, n, k,
         experts, b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
         b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=1 if equal else triton.next_power_of_2(experts + 1),
@@ -210,10 +254,12 @@ def launch_wgrad(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.
     """Run the 2d x 2d kernel into ``out`` (E, M, N): ``a`` (M, KP) and ``b`` (N, KP) K-grouped
     (``quantize_k_groups_triton``'s layout, ``ends`` its padded ends), tensor scales and ``flag`` as in
     ``launch_grouped``."""
-    m, n = a.rows, b.rows
-    grid = (cdiv(m, blocks[0]), cdiv(n, blocks[1]), ends.shape[0])
+    m, n, groups = a.rows, b.rows, ends.shape[0]
+    grid = (cdiv(m, blocks[0]), cdiv(n, blocks[1]), groups)
+    if flag is not None:
+        grid = (min(grid[0] * grid[1] * groups, guard_programs(out.device)),)
     grouped_wgrad_kernel[grid](
-        *_args(a, b, a_ts, b_ts, out), ends, store_view(out), out if flag is None else flag, m, n, a.k,
+        *_args(a, b, a_ts, b_ts, out), ends, store_view(out), out if flag is None else flag, m, n, a.k, groups,
         *kernel_args(a)[1], *kernel_args(b)[1], **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
     )
     return out

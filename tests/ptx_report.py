@@ -315,7 +315,7 @@ def grouped_gemms() -> list[tuple[str, object, dict, dict, dict]]:
         return meta | {"A_TS": scaled, "B_TS": scaled, "OUT_BF16": True, "EP": 64, "EQUAL": False, "BM": blocks[0],
                        "BN": blocks[1], "BK": blocks[2], "DOT": dot, "GUARDED": False}
 
-    wgrad_sig = {k: v for k, v in sig.items() if k not in ("offs_ptr", "T", "E", "b_step", "bs_step")} | {
+    wgrad_sig = {k: v for k, v in sig.items() if k not in ("offs_ptr", "T", "b_step", "bs_step")} | {
         "ends_ptr": "*i32", "M": "i32", "KP": "i32"}
     wgrad_sig = {name: wgrad_sig[name] for name in gg.grouped_wgrad_kernel.arg_names if name in wgrad_sig}
     out = []

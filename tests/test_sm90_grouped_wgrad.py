@@ -153,6 +153,23 @@ def test_sm90_grouped_wgrad_equals_each_groups_dense_gemm(monkeypatch, fmt, run,
         torch.testing.assert_close(got[g].float(), want[g], rtol=tol, atol=tol * want[g].abs().max().item())
 
 
+def test_sm90_grouped_wgrad_recomputes_values_bf16_does_not_hold(monkeypatch):
+    """MXFP8 activations near 2**-128 decode to values below bf16's normal range: the decode flags them on the device
+    and the guarded fp32 kernel's persistent grid (4 programs in the interpreter) recomputes all 10 tiles of the 5
+    groups' products; they equal the reference."""
+    gen = torch.Generator().manual_seed(3)
+    x, dy = torch.randn(M, T, generator=gen) * 2.0**-128, torch.randn(T, N, generator=gen)
+    offs = torch.tensor(ENDS, dtype=torch.int32, device=DEVICE)
+    (a, b), ends = quantized_operands("mxfp8", x.to(DEVICE), dy.to(DEVICE), offs, torch.tensor(STEP, device=DEVICE))
+    got = grouped_wgrad_decoded(a, b, ends, torch.float32).cpu()
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    want = grouped_mm(x, dy, offs.cpu(), "mxfp8", rounding_a="sr", rounding_b="sr", seeds=(6, 7), step=STEP,
+                      out_dtype=torch.float32)
+    assert all(want[g].abs().max() > 0 for g in (0, 2, 3, 4))
+    for g in range(len(ENDS)):
+        torch.testing.assert_close(got[g], want[g], rtol=1e-5, atol=1e-5 * want[g].abs().max().item())
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_sm90_grouped_wgrad_reads_nothing_on_the_host(fmt):
     """On fewer tokens than the tests above (an empty group, tokens past the last end): the interpreter's cost."""
