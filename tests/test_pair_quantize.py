@@ -38,7 +38,7 @@ def test_dual_op_makes_the_bytes_of_two_quantize_ops(monkeypatch, kernels, fmt, 
     (QuantCopy(transposed_source=True), QuantCopy()),  # a weight seen as Wᵀ by fprop
     (QuantCopy(), QuantCopy(rht=True)),  # an activation, RHT on its wgrad copy: its amax is the transform's
 ], ids=["gradient", "weight", "activation-rht"])
-def test_gpu_copies_share_the_tensor_amax(monkeypatch, a, b):
+def test_copies_a_gpu_runs_share_the_tensor_amax(monkeypatch, a, b):
     """The two quantizations a GPU runs for a pair (``quantize_copies``, Triton in the interpreter) make the bytes
     of two quantize calls, and read x once for NVFP4's tensor amax where neither copy takes the RHT."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
