@@ -6,7 +6,8 @@
 
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies as dispatch
-makes them (two quantizations on a GPU for now), "one read" rows from one read by the one-read kernel.
+makes them (two quantizations on a GPU for now; "rne", the nvfp4 recipe's pairs, with one amax pass for both),
+"one read" rows from one read by the one-read kernel.
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on the
 same shape, alone and with both operands' quantization; each row names the path dispatch took (native, decoded,
 tensor_core, fp32; "dec" with the product the decoded path timed faster at its first call), and beside it the
@@ -100,7 +101,9 @@ def main() -> None:
         ("mxfp8 cols", dict(fmt="mxfp8", axis=0)),
         ("mxfp8_e5m2 rows sr", dict(fmt="mxfp8_e5m2", axis=1, rounding="sr", seed=seed)),
     ]
-    duals = [  # an activation (fprop rows, wgrad columns + RHT) and a gradient (SR on both, RHT on columns)
+    duals = [  # an activation (fprop rows, wgrad columns + RHT) and a gradient (SR on both, RHT on columns); the
+        # nvfp4 recipe's pairs (both copies round to nearest, no RHT: one amax pass for both on a GPU)
+        ("nvfp4 both, rne", "nvfp4", QuantCopy(), QuantCopy()),
         ("nvfp4 both, activation", "nvfp4", QuantCopy(), QuantCopy(rht=True)),
         ("nvfp4 both, gradient", "nvfp4", QuantCopy(seed), QuantCopy(seed + 1, rht=True, transposed_source=True)),
         ("mxfp8 both, activation", "mxfp8", QuantCopy(), QuantCopy()),
