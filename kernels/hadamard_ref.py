@@ -18,15 +18,6 @@ TILE = 16
 DEFAULT_RHT_SEED = 0
 
 
-@functools.cache
-def sylvester_hadamard(n: int = TILE) -> torch.Tensor:
-    """Unnormalised ±1 Sylvester Hadamard matrix of size n (a power of two); built once, shared: read only."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-    return h
-
-
 def rht_signs(seed: int = DEFAULT_RHT_SEED) -> torch.Tensor:
     """The run's fixed ±1 sign vector of length 16, reproducible from ``seed`` (a copy: every quantize
     with the RHT asks for it, and drawing it anew each time costs more than the copy)."""
@@ -37,11 +28,6 @@ def rht_signs(seed: int = DEFAULT_RHT_SEED) -> torch.Tensor:
 def _signs(seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 2, (TILE,), generator=gen).to(torch.float32) * 2 - 1
-
-
-def rht_matrix(signs: torch.Tensor) -> torch.Tensor:
-    """The ±1 matrix H16 · diag(signs) (the 1/4 normalisation is applied separately, exactly)."""
-    return sylvester_hadamard(TILE) * signs.to(torch.float32)[None, :]
 
 
 def rht_ref(x: torch.Tensor, axis: int, signs: torch.Tensor | None = None) -> torch.Tensor:

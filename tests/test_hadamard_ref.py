@@ -4,9 +4,17 @@ import pytest
 import torch
 
 from autoprec.kernels import rht_ref, rht_signs
-from autoprec.kernels.hadamard_ref import rht_matrix
 
 from helpers import bits_equal
+
+
+def rht_matrix(signs: torch.Tensor) -> torch.Tensor:
+    """The ±1 matrix H16 · diag(signs) (Sylvester's H16; rht_ref applies it times 1/4): the transform's definition,
+    which rht_ref's butterflies compute."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < 16:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h * signs.to(torch.float32)[None, :]
 
 
 def test_matrix_is_orthogonal():
