@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import BF16
-from autoprec.kernels.launch import cdiv
+from autoprec.kernels.launch import cdiv, guard_programs
 from autoprec.kernels.operand import KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
 from autoprec.kernels.scaled_mm_decoded import decode_bf16
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
@@ -41,7 +41,6 @@ from autoprec.kernels.scaled_mm_triton import (
     decode_tile,
     dot_operand,
     from_row,
-    guard_programs,
     store_tile,
 )
 

@@ -42,6 +42,12 @@ def nvfp4_hardware(device: torch.device) -> int:
     return hardware_fp8(device) + hardware_fp4(device)
 
 
+def guard_programs(device: torch.device) -> int:
+    """The persistent grid of the guarded fp32 recompute kernels on ``device``: four programs per SM on a GPU (the
+    recompute, when the device flag is set, still fills it), four in the interpreter."""
+    return 4 * _sm_count(device.index) if device.type == "cuda" else 4
+
+
 def _converts(device: torch.device, since: tuple[int, int]) -> bool:
     return not interpreting() and device.type == "cuda" and _capability(device.index) >= since
 
@@ -49,3 +55,8 @@ def _converts(device: torch.device, since: tuple[int, int]) -> bool:
 @functools.lru_cache(maxsize=None)
 def _capability(index: int | None) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -8,13 +8,11 @@ bfloat16). ``tl.dot_scaled`` is not used: no Blackwell part was available to ver
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.launch import cdiv, interpreting
+from autoprec.kernels.launch import cdiv, guard_programs, interpreting
 from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, decode_fp8, to_bf16_bits
 from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 
@@ -223,17 +221,6 @@ def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Ten
         GUARDED=flag is not None, **options,
     )
     return out
-
-
-def guard_programs(device: torch.device) -> int:
-    """The guarded kernel's persistent grid on ``device``: four programs per SM on a GPU (the recompute, when the
-    flag is set, still fills it), four in the interpreter."""
-    return 4 * _sm_count(device.index) if device.type == "cuda" else 4
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def scaled_mm_triton(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, *,
