@@ -17,7 +17,7 @@ STEP = torch.tensor(1)  # the model's call counter, an input of every quantize o
 
 def test_mode_selection(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(launch, "INTERPRET", True)
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     assert dispatch.use_triton(cpu, None) is False
     monkeypatch.setenv("AUTOPREC_KERNELS", "auto")
@@ -35,14 +35,14 @@ def test_hardware_conversions_on_cuda_from_sm89_and_sm100_never_interpreted(monk
     arithmetic, and always in the interpreter (whose casts round wrongly)."""
     caps = {0: (8, 0), 1: (8, 9), 2: (9, 0), 3: (10, 0), 4: (12, 0)}
     monkeypatch.setattr(launch, "_capability", caps.__getitem__)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     cuda = [torch.device("cuda", i) for i in caps]
     assert [launch.hardware_fp8(d) for d in cuda] == [False, True, True, True, True]
     assert [launch.hardware_fp4(d) for d in cuda] == [False, False, False, True, True]
     assert [launch.nvfp4_hardware(d) for d in cuda] == [0, 1, 1, 2, 2]
     assert not launch.hardware_fp8(torch.device("cpu")) and not launch.hardware_fp4(torch.device("cpu"))
     assert launch.nvfp4_hardware(torch.device("cpu")) == 0
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(launch, "INTERPRET", True)
     assert not launch.hardware_fp8(cuda[2]) and not launch.hardware_fp4(cuda[3])
     assert launch.nvfp4_hardware(cuda[3]) == 0
 
@@ -87,7 +87,7 @@ def test_forced_triton_says_why_not(monkeypatch):
     qa = quantize_ref(torch.randn(16, 32), "nvfp4")
     with pytest.raises(ValueError, match="cannot run: an empty operand"):
         dispatch.scaled_mm(qa, quantize_ref(torch.randn(32, 0), "nvfp4", 0))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
             dispatch.quantize(torch.randn(16, 32), "nvfp4")

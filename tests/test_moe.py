@@ -156,7 +156,6 @@ def test_grouped_gemm_on_triton_kernels(monkeypatch):
     """With the Triton kernels (interpreted here), each group's quantization is the reference's bit for bit
     and the product agrees to the accumulation order."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     x, w = torch.randn(40, 32), torch.randn(3, 32, 16)
     offs = torch.tensor([9, 9, 40], dtype=torch.int32)
