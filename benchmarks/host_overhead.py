@@ -3,7 +3,7 @@ run their Python (dispatch, checks, launch setup) with every Triton kernel repla
 nothing and matmuls dispatched as on sm_90 (the decoded path). What is timed is the per-op cost a GPU step
 pays on its CPU unless CUDA graphs replay it; Triton's own launch cost and the cuBLAS call are not included.
 ``--step`` also times whole training steps of an 8-layer GPT compiled with inductor, unplanned and under autoprec's
-plans, at a width (d=64) and in a dtype (fp32) where the CPU's arithmetic is small next to the host's per-op work:
+plans (with autoprec's Triton launches a step makes: each costs a GPU's host some microseconds more, not timed here), at a width (d=64) and in a dtype (fp32) where the CPU's arithmetic is small next to the host's per-op work:
 the step's host time, a floor under its time on a GPU without CUDA graphs (the GPU cannot run ahead of its
 launches). Not bf16: a CPU without bf16 matmul instructions spends about 10x an fp32 product's time in a bf16 one
 (323 against 29 us per matmul of this model on a 2-core machine), which would bury the host's work in the
@@ -41,9 +41,12 @@ from autoprec.kernels.grouped import grouped_mm  # noqa: E402
 
 
 class _NoLaunch:
-    """Stands in for a Triton kernel: ``kernel[grid](...)`` does nothing."""
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` does nothing; ``LAUNCHES`` counts the calls."""
+
+    LAUNCHES = 0
 
     def __getitem__(self, grid):
+        _NoLaunch.LAUNCHES += 1
         return lambda *args, **kwargs: None
 
 
@@ -120,14 +123,14 @@ def per_op(calls: int) -> None:
 def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
     """Milliseconds per forward + backward of a d=64 GPT (the op count of any width; ``experts``: MoE MLPs) under
     inductor: unplanned (fp32), then each plan, with the number of quantizations, NVFP4 tensor amax passes and
-    block-scaled matmuls a step makes (a grouped quantization counts once)."""
+    block-scaled matmuls a step makes (a grouped quantization counts once), and of autoprec's Triton launches."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from gpt_model import TinyGPT, tokens
 
     idx, tgt = tokens(batch=1, ctx=64, vocab=512)
     name = f"GPT {layers}x64" + (f", {experts} experts" if experts else "")
     print(f"\n{'training step, ' + name + ' under inductor (CPU)':<50}{'ms':>8}{'x fp32':>8}{'quantize':>10}"
-          f"{'amax':>6}{'matmul':>8}")
+          f"{'amax':>6}{'matmul':>8}{'launches':>10}")
     base = None
     for recipe in (None, "nvfp4", "mxfp8"):
         torch._dynamo.reset()
@@ -141,10 +144,13 @@ def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
 
         for _ in range(3):  # compile, plan
             step()
+        launches = _NoLaunch.LAUNCHES
         quantizes, amaxes, matmuls = _count_calls(step)
+        launches = _NoLaunch.LAUNCHES - launches
         ms = per_call_us(step, timed) / 1e3
         base = base or ms
-        print(f"  {recipe or 'fp32':<48}{ms:>8.2f}{ms / base:>8.2f}{quantizes:>10}{amaxes:>6}{matmuls:>8}")
+        print(f"  {recipe or 'fp32':<48}{ms:>8.2f}{ms / base:>8.2f}{quantizes:>10}{amaxes:>6}{matmuls:>8}"
+              f"{launches:>10}")
 
 
 def _count_calls(step) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ Two ways to run each, as for the dense GEMM:
 - ``*_tc_triton``: tiles decoded in registers, bf16 tensor-core dot (the interpreter's and
   ``AUTOPREC_KERNELS=triton``'s path; the fp32 dot where MXFP8 scales leave bf16's exact range).
 - ``*_decoded`` (sm_90, and 2d x 3d products sm_100's native grouped GEMM does not take): both operands decoded to
-  bf16 in memory first (``decode_bf16``), then the kernel reads bf16 tiles for a plain bf16 dot; a device flag set
+  bf16 in memory first (``decode_pair``), then the kernel reads bf16 tiles for a plain bf16 dot; a device flag set
   by the decode (MXFP8 values bf16 does not hold) makes the fp32 kernel recompute the product in place.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import triton.language as tl
 from autoprec.formats import BF16
 from autoprec.kernels.launch import cdiv, guard_programs
 from autoprec.kernels.operand import KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_decoded import decode_bf16
+from autoprec.kernels.scaled_mm_decoded import decode_pair
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 from autoprec.kernels.scaled_mm_triton import (
     DOT_FP32,
@@ -282,7 +282,7 @@ def _decoded(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch
     the host (MXFP8 values bf16 does not hold are found on the device, and the fp32 kernel recomputes the product
     in place)."""
     flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
-    decoded = [Operand(BF16, decode_bf16(op, flag), None, None, op.rows, op.k) for op in (a, b)]
+    decoded = [Operand(BF16, values, None, None, op.rows, op.k) for op, values in zip((a, b), decode_pair(a, b, flag))]
     scales = _tensor_scales(a), _tensor_scales(b)
     launch(*decoded, *scales, out, bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)
     if flag is not None:

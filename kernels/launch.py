@@ -18,14 +18,17 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``) rather than on a GPU. Triton reads the
-# variable when it decorates a kernel, at the import of the module defining it (after this one), so it is read once
-# here too: a read of os.environ costs about 0.8 us of host time, and each op asked several times per call.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``) rather than on a GPU: read at the first
+# launch and kept. Triton reads the variable when it decorates a kernel, at the import of the module defining it,
+# which the first op imports; and a read of os.environ costs about 0.8 us of host time, several per op call.
+INTERPRET: bool | None = None
 
 
 def interpreting() -> bool:
     """Whether Triton's kernels run in its interpreter rather than on a GPU (``INTERPRET``)."""
+    global INTERPRET
+    if INTERPRET is None:
+        INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
     return INTERPRET
 
 

@@ -1,5 +1,5 @@
-"""Block-scaled matmul as two library-grade steps, for GPUs without block-scaled MMA (sm_90): each operand
-decoded to bf16 in memory by a Triton kernel (``code · block scale``, exact for NVFP4 and for MXFP8 scale
+"""Block-scaled matmul as two library-grade steps, for GPUs without block-scaled MMA (sm_90): both operands
+decoded to bf16 in memory by one Triton launch (``code · block scale``, exact for NVFP4 and for MXFP8 scale
 exponents away from E8M0's ends; where a value is not a bf16 normal the kernel sets a device flag, and the
 fp32 Triton kernel recomputes the product in place), then a bf16 tensor-core GEMM accumulating in fp32, and
 NVFP4's tensor scales, the bias and one rounding to the output dtype applied to that accumulator, in the
@@ -38,14 +38,34 @@ GEMM_BLOCKS, GEMM_WARPS, GEMM_STAGES = (128, 128, 64), 8, 3  # the Triton GEMM o
 
 
 @triton.jit
-def _decode_kernel(codes_ptr, scales_ptr, out_ptr, flag_ptr, R, K,
-                   KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                   HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                   IN_FP32: tl.constexpr, CHECK: tl.constexpr, HW: tl.constexpr):
-    """bf16 ``code · block scale`` of a (BR, BK) tile (BR a multiple of TILE_ROWS); with CHECK, sets the int32 at
-    ``flag_ptr`` to 1 when a value of the tile is not a bf16 normal number or zero (its low 16 bits set, or an fp32
-    subnormal; NaN decodes to NaN either way)."""
-    top = tl.program_id(0) * BR  # pointers from the tile's first row: a stack of experts' weights passes 2**31
+def _decode_kernel(a_codes, a_scales, a_out, b_codes, b_scales, b_out, flag_ptr, RA, RB, K, TILES_A,
+                   A_KIND: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr,
+                   A_HAS_INF: tl.constexpr, A_TILE_ROWS: tl.constexpr, A_CHECK: tl.constexpr,
+                   B_KIND: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr,
+                   B_HAS_INF: tl.constexpr, B_TILE_ROWS: tl.constexpr, B_CHECK: tl.constexpr,
+                   BR: tl.constexpr, BK: tl.constexpr, IN_FP32: tl.constexpr, HW: tl.constexpr):
+    """Both operands of a product decoded in one launch: programs below TILES_A decode row tile
+    ``program_id(0)`` of A (RA rows), the others row tile ``program_id(0) - TILES_A`` of B (RB rows); K is
+    theirs. One launch fewer per product than a launch per operand (a GPU step's host pays for each)."""
+    t = tl.program_id(0)
+    if t < TILES_A:
+        _decode_rows(a_codes, a_scales, a_out, flag_ptr, t, RA, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_HAS_INF,
+                     A_TILE_ROWS, BR, BK, IN_FP32, A_CHECK, HW)
+    else:
+        _decode_rows(b_codes, b_scales, b_out, flag_ptr, t - TILES_A, RB, K, B_KIND, B_EBITS, B_MBITS, B_BIAS,
+                     B_HAS_INF, B_TILE_ROWS, BR, BK, IN_FP32, B_CHECK, HW)
+
+
+@triton.jit
+def _decode_rows(codes_ptr, scales_ptr, out_ptr, flag_ptr, tile, R, K,
+                 KIND: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                 HAS_INF: tl.constexpr, TILE_ROWS: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                 IN_FP32: tl.constexpr, CHECK: tl.constexpr, HW: tl.constexpr):
+    """bf16 ``code · block scale`` of the (BR, BK) tile (row tile ``tile``, column tile ``program_id(1)``; BR a
+    multiple of TILE_ROWS) of one operand; with CHECK, sets the int32 at ``flag_ptr`` to 1 when a value of the tile
+    is not a bf16 normal number or zero (its low 16 bits set, or an fp32 subnormal; NaN decodes to NaN either
+    way)."""
+    top = tile * BR  # pointers from the tile's first row: a stack of experts' weights passes 2**31
     codes_ptr, scales_ptr = from_row(codes_ptr, scales_ptr, top, K, KIND, TILE_ROWS)
     out_ptr += tl.cast(top, tl.int64) * K
     R -= top
@@ -84,17 +104,33 @@ def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, K) bfloat16 values ``code · block scale`` of a quantized operand (NVFP4's tensor scale left out).
     Given ``flag`` (an int32 device scalar), sets it to 1 where a value is not exact in bf16 (MXFP8 only: NVFP4
     values always are)."""
-    if op.kind == KIND_BF16:
-        return op.codes
-    (codes, scales, _), meta = kernel_args(op)
+    return decode_pair(op, None, flag)[0]
+
+
+def decode_pair(a: Operand, b: Operand | None, flag: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``decode_bf16`` of ``a`` and of ``b`` (None: none), the quantized ones in one launch; a bf16 operand is its
+    values."""
     interpret = interpreting()
-    out = torch.empty(op.rows, op.k, device=codes.device, dtype=torch.float32 if interpret else torch.bfloat16)
-    grid = (cdiv(op.rows, DECODE_R), cdiv(op.k, DECODE_K))
-    check = flag is not None and op.kind == KIND_MXFP8
-    _decode_kernel[grid](codes, scales, out, flag if check else codes, op.rows, op.k, *meta,
-                         op.tile_rows if op.kind == KIND_NVFP4 else 1, BR=DECODE_R, BK=DECODE_K, IN_FP32=interpret,
-                         CHECK=check, HW=hardware_fp8(codes.device))
-    return out.to(torch.bfloat16)
+    values, args, tiles = [], [], []
+    for op in (a, b):
+        if op is None or op.kind == KIND_BF16:
+            values.append(None if op is None else op.codes)
+            continue
+        (codes, scales, _), meta = kernel_args(op)
+        out = torch.empty(op.rows, op.k, device=codes.device, dtype=torch.float32 if interpret else torch.bfloat16)
+        values.append(out)
+        tiles.append(cdiv(op.rows, DECODE_R))
+        args.append(((codes, scales, out), (*meta, op.tile_rows if op.kind == KIND_NVFP4 else 1,
+                                            flag is not None and op.kind == KIND_MXFP8)))
+    if args:
+        (pa, ma), (pb, mb) = args[0], args[-1]  # one operand: B's arguments repeat A's, its branch never runs
+        _decode_kernel[(sum(tiles), cdiv(a.k, DECODE_K))](
+            *pa, *pb, pa[0] if flag is None else flag, pa[2].shape[0], pb[2].shape[0], a.k, tiles[0], *ma, *mb,
+            BR=DECODE_R, BK=DECODE_K, IN_FP32=interpret, HW=hardware_fp8(a.codes.device))
+    if interpret:  # the kernel wrote fp32 (exact), cast here
+        values = [None if v is None else v.to(torch.bfloat16) for v in values]
+    return values[0], values[1]
 
 
 def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -165,7 +201,7 @@ def _exact(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.d
     MXFP8 operand the decode flags on the device any value bf16 does not hold, and the fp32 kernel then recomputes
     the product in place (its programs return at once while the flag is clear)."""
     flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
-    out = product(decode_bf16(a, flag), decode_bf16(b, flag))
+    out = product(*decode_pair(a, b, flag))
     if flag is not None:
         scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)
     return out

@@ -86,13 +86,15 @@ def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
                                         "DOT": fp32.DOT_FP32, "GUARDED": True}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))
-    sig = {"codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16", "flag_ptr": "*i32", "R": "i32", "K": "i32"}
+    sig = {"a_codes": "*u8", "a_scales": "*u8", "a_out": "*bf16", "b_codes": "*u8", "b_scales": "*u8", "b_out": "*bf16",
+           "flag_ptr": "*i32", "RA": "i32", "RB": "i32", "K": "i32", "TILES_A": "i32"}
     decode = {}
-    for f in ("nvfp4", "mxfp8"):  # the decoded + cuBLAS path's decode, and its epilogue
+    for f in ("nvfp4", "mxfp8"):  # the decoded + cuBLAS path's decode (both operands in one launch), and its epilogue
         meta = operand_meta(f)
-        decode[f] = {k: v for k, v in meta.items() if k != "INF"} | {
-            "HAS_INF": meta["INF"], "TILE_ROWS": 1, "BR": dec.DECODE_R, "BK": dec.DECODE_K, "IN_FP32": False,
-            "CHECK": f == "mxfp8"}
+        one = {k: v for k, v in meta.items() if k != "INF"} | {"HAS_INF": meta["INF"], "TILE_ROWS": 1,
+                                                                "CHECK": f == "mxfp8"}
+        decode[f] = {f"{side}_{k}": v for side in "AB" for k, v in one.items()} | {
+            "BR": dec.DECODE_R, "BK": dec.DECODE_K, "IN_FP32": False}
         out.append((f"decode_{f}", dec._decode_kernel, sig, decode[f], {}))
     # MXFP8's decode as a launch specializes it, by the hardware's fp8 conversion, and in integer arithmetic
     out.append(("decode_mxfp8_launch", dec._decode_kernel, sig, decode["mxfp8"], {LAUNCH_ALIGNED: True}))

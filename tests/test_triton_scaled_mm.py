@@ -6,14 +6,15 @@ pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
-from autoprec.kernels.operand import as_operand
+from autoprec.kernels import scaled_mm_decoded as decoded_module
+from autoprec.kernels.operand import KIND_BF16, as_operand
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode, unpack_nibbles
 from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch, scaled_mm_triton
 
-from helpers import to_device
+from helpers import bits_equal, to_device
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = [("nvfp4", "nvfp4", False), ("nvfp4", "nvfp4", True), ("mxfp8", "mxfp8", False),
@@ -112,3 +113,41 @@ def test_sm90_decode_is_exact_code_times_block_scale(fmt, tile_rows):
     got = decode_bf16(as_operand(to_device(q, DEVICE), 1, "a")).float().cpu()
     same = (got == want) | (got.isnan() & want.isnan())
     assert same.all(), (got[~same][:5], want[~same][:5])
+
+
+@pytest.mark.parametrize("fmt_a,fmt_b,tile_rows", [("nvfp4", "nvfp4", 16), ("mxfp8_e5m2", "mxfp8", 1),
+                                                    ("mxfp8", "nvfp4", 16), ("bf16", "mxfp8", 1)])
+def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt_a, fmt_b, tile_rows):
+    """``decode_pair`` decodes A (150 rows) and B (48 rows: fewer row tiles, partial ones) in one launch, formats
+    and 16x16 tiles apart, each bit for bit its own ``decode_bf16``; a bf16 operand is its values, not decoded. The
+    flag is set by an MXFP8 operand's values bf16 does not hold, whichever side it is on."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(150, 96, generator=gen), torch.randn(96, 48, generator=gen)
+    b[:, 7] *= 2.0**-126  # a block of B's whose MXFP8 values sit below bf16's normal range
+    ops = []
+    for x, fmt, axis, name in ((a, fmt_a, 1, "a"), (b, fmt_b, 0, "b")):
+        tile2d = tile_rows == 16 and fmt == "nvfp4" and name == "b"
+        q = x.bfloat16().to(DEVICE) if fmt == "bf16" else to_device(quantize_ref(x, fmt, axis, tile2d=tile2d), DEVICE)
+        ops.append(as_operand(q, axis, name))
+    launches = []
+    kernel = decoded_module._decode_kernel
+    monkeypatch.setattr(decoded_module, "_decode_kernel", _Counted(kernel, launches))
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    da, db = decoded_module.decode_pair(*ops, flag)
+    assert len(launches) == 1
+    assert flag.item() == int(fmt_b == "mxfp8")
+    for op, got in zip(ops, (da, db)):
+        want = op.codes if op.kind == KIND_BF16 else decode_bf16(op)
+        assert got.dtype == torch.bfloat16 and bits_equal(got.cpu(), want.cpu())
+    assert (da is ops[0].codes) == (fmt_a == "bf16")
+
+
+class _Counted:
+    """A Triton kernel whose launches are recorded."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(grid)
+        return self.kernel[grid]
