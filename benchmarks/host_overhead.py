@@ -3,10 +3,11 @@ run their Python (dispatch, checks, launch setup) with every Triton kernel repla
 nothing and matmuls dispatched as on sm_90 (the decoded path). What is timed is the per-op cost a GPU step
 pays on its CPU unless CUDA graphs replay it; Triton's own launch cost and the cuBLAS call are not included.
 ``--step`` also times whole training steps of an 8-layer GPT compiled with inductor, unplanned and under autoprec's
-plans (with autoprec's Triton launches a step makes: each costs a GPU's host some microseconds more, not timed here), at a width (d=64) and in a dtype (fp32) where the CPU's arithmetic is small next to the host's per-op work:
-the step's host time, a floor under its time on a GPU without CUDA graphs (the GPU cannot run ahead of its
-launches). Not bf16: a CPU without bf16 matmul instructions spends about 10x an fp32 product's time in a bf16 one
-(323 against 29 us per matmul of this model on a 2-core machine), which would bury the host's work in the
+plans (and counts autoprec's Triton launches a step makes: Triton's own dispatch of each, not timed here, costs a
+GPU's host about 10 us), at a width (d=64) and in a dtype (fp32) where the CPU's arithmetic is small next to the
+host's per-op work: the step's host time, a floor under its time on a GPU without CUDA graphs (the GPU cannot run
+ahead of its launches). Not bf16: a CPU without bf16 matmul instructions spends about 10x an fp32 product's time in
+a bf16 one (323 against 29 us per matmul of this model on a 2-core machine), which would bury the host's work in the
 unplanned step.
 ``OMP_NUM_THREADS=1 python benchmarks/host_overhead.py [--step]``."""
 from __future__ import annotations

@@ -48,7 +48,15 @@ def _decode_kernel(a_codes, a_scales, a_out, b_codes, b_scales, b_out, flag_ptr,
     ``program_id(0)`` of A (RA rows), the others row tile ``program_id(0) - TILES_A`` of B (RB rows); K is
     theirs. One launch fewer per product than a launch per operand (a GPU step's host pays for each)."""
     t = tl.program_id(0)
-    if t < TILES_A:
+    SAME: tl.constexpr = (A_KIND == B_KIND and A_EBITS == B_EBITS and A_MBITS == B_MBITS and A_BIAS == B_BIAS
+                          and A_HAS_INF == B_HAS_INF and A_TILE_ROWS == B_TILE_ROWS and A_CHECK == B_CHECK)
+    if SAME:
+        first = t < TILES_A
+        _decode_rows(tl.where(first, a_codes, b_codes), tl.where(first, a_scales, b_scales),
+                     tl.where(first, a_out, b_out), flag_ptr, tl.where(first, t, t - TILES_A),
+                     tl.where(first, RA, RB), K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_HAS_INF, A_TILE_ROWS, BR, BK,
+                     IN_FP32, A_CHECK, HW)
+    elif t < TILES_A:
         _decode_rows(a_codes, a_scales, a_out, flag_ptr, t, RA, K, A_KIND, A_EBITS, A_MBITS, A_BIAS, A_HAS_INF,
                      A_TILE_ROWS, BR, BK, IN_FP32, A_CHECK, HW)
     else:

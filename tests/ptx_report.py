@@ -100,6 +100,9 @@ def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
     out.append(("decode_mxfp8_launch", dec._decode_kernel, sig, decode["mxfp8"], {LAUNCH_ALIGNED: True}))
     out.append(("decode_mxfp8_launch_integer", dec._decode_kernel, sig, decode["mxfp8"] | {"HW": False},
                 {LAUNCH_ALIGNED: True}))
+    # operands of two formats (hybrid MXFP8's dgrad: E5M2 gradients, E4M3 weights) take a branch each
+    hybrid = decode["mxfp8"] | {"A_EBITS": 5, "A_MBITS": 2, "A_BIAS": 15, "A_HAS_INF": True}
+    out.append(("decode_mxfp8_hybrid_launch", dec._decode_kernel, sig, hybrid, {LAUNCH_ALIGNED: True}))
     epilogue = {"acc_ptr": "*fp32", "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16",
                 "M": "i32", "N": "i32"}
     out.append(("epilogue", dec._epilogue_kernel, epilogue, {"A_KIND": 0, "B_KIND": 0, "HAS_BIAS": True,

@@ -213,6 +213,18 @@ def test_ptx_sm90_and_sm100_mxfp8_decode_converts_in_hardware(ptx_report):
         assert per_element(hardware) <= 0.6 * per_element(integer), (hardware, integer)
 
 
+def test_ptx_sm90_and_sm100_decode_pair_keeps_one_operands_registers(ptx_report):
+    """The decode launch of both operands (``decode_pair``) runs one body, its pointers and sizes selected per
+    program, where the two operands' formats agree: then it needs no more registers than a decode of one operand
+    did (32 on sm_90, 34 on sm_100 as a launch compiles the MXFP8 one; a branch per operand took 54 and 52). Formats
+    apart (hybrid MXFP8's E5M2 and E4M3), a branch each, still in hardware and without spilling."""
+    for cap in (90, 100):
+        rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
+        assert rows["decode_mxfp8_launch"]["regs"] <= 40, rows["decode_mxfp8_launch"]
+        hybrid = rows["decode_mxfp8_hybrid_launch"]
+        assert hybrid["fp8_decode"] and hybrid["stack"] == 0 and hybrid["regs"] <= 96, hybrid
+
+
 def test_ptx_sm90_and_sm100_quantizers_fuse_only_exact_products(ptx_report):
     """The bit-exact kernels (those tiled BR x BK: quantizers, amax passes, decodes; not the GEMMs and their
     epilogue, whose tolerance is the accumulation order's) round like the references under FP fusion (Triton
