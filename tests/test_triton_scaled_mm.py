@@ -115,11 +115,13 @@ def test_sm90_decode_is_exact_code_times_block_scale(fmt, tile_rows):
     assert same.all(), (got[~same][:5], want[~same][:5])
 
 
-@pytest.mark.parametrize("fmt_a,fmt_b,tile_rows", [("nvfp4", "nvfp4", 16), ("mxfp8_e5m2", "mxfp8", 1),
-                                                    ("mxfp8", "nvfp4", 16), ("bf16", "mxfp8", 1)])
+@pytest.mark.parametrize("fmt_a,fmt_b,tile_rows", [("nvfp4", "nvfp4", 1), ("mxfp8", "mxfp8", 1), ("nvfp4", "nvfp4", 16),
+                                                    ("mxfp8_e5m2", "mxfp8", 1), ("mxfp8", "nvfp4", 16),
+                                                    ("bf16", "mxfp8", 1)])
 def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt_a, fmt_b, tile_rows):
     """``decode_pair`` decodes A (150 rows) and B (48 rows: fewer row tiles, partial ones) in one launch, formats
-    and 16x16 tiles apart, each bit for bit its own ``decode_bf16``; a bf16 operand is its values, not decoded. The
+    alike (one body) or apart (16x16 tiles too: a branch each), each bit for bit its own ``decode_bf16``; a bf16
+    operand is its values, not decoded. The
     flag is set by an MXFP8 operand's values bf16 does not hold, whichever side it is on."""
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randn(150, 96, generator=gen), torch.randn(96, 48, generator=gen)
