@@ -144,27 +144,46 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
                     scale_mode: str = "rceil", rht_signs: torch.Tensor | None = None
                     ) -> tuple[QuantizedTensor, QuantizedTensor]:
     """``quantize_dual``'s two copies as two quantizations (what a GPU runs for now). Where Triton quantizes both
-    to NVFP4 without the RHT, their tensor amax (x's, whichever way it is blocked) is computed once: one read of
-    ``x`` fewer."""
+    to NVFP4, their tensor amaxes come from one read of ``x``: one amax where neither takes the RHT (x's, whichever
+    way it is blocked), and with the RHT on one copy, its transform's and x's from one pass (``pair_amax``)."""
     fmt = get_format(fmt)
-    amax = None
-    if fmt is NVFP4 and not rows.rht and not cols.rht and not _use_cpu_fused(x) and use_triton(
+    amaxes = (None, None)
+    if fmt is NVFP4 and not (rows.rht and cols.rht) and not _use_cpu_fused(x) and use_triton(
             x.device, quantize_supports(x)):
-        from autoprec.kernels.quantize_triton import nvfp4_amax, quantize_triton
-
         for copy, axis in ((rows, 1), (cols, 0)):
             src, axis = copy.source(x, axis)
             check_quantize_args(src, fmt, axis, "rne", False, scale_mode)
-        amax = nvfp4_amax(x, x, False)
+        amaxes = pair_amax(x, rows, cols, rht_signs)
 
-    def one(copy: QuantCopy, axis: int) -> QuantizedTensor:
+    def one(copy: QuantCopy, axis: int, amax: torch.Tensor | None) -> QuantizedTensor:
         src, axis = copy.source(x, axis)
         if amax is not None:
-            return quantize_triton(src, fmt, axis, seed=copy.seed, scale_mode=scale_mode, amax=amax)
+            from autoprec.kernels.quantize_triton import quantize_triton
+
+            return quantize_triton(src, fmt, axis, seed=copy.seed, scale_mode=scale_mode, rht=copy.rht,
+                                   rht_signs_=rht_signs, amax=amax)
         return quantize(src, fmt, axis, rounding="rne" if copy.seed is None else "sr", seed=copy.seed or 0,
                         scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
 
-    return one(rows, 1), one(cols, 0)
+    return one(rows, 1, amaxes[0]), one(cols, 0, amaxes[1])
+
+
+def pair_amax(x: torch.Tensor, rows: QuantCopy, cols: QuantCopy, rht_signs: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NVFP4 tensor amax cells of a pair's copies of 2D ``x`` (at most one with the RHT) from one read: x's for
+    both, or the RHT copy's transform's (along its K, as it quantizes) beside x's for the other."""
+    from autoprec.kernels.quantize_cols_triton import launch_rht_amax
+    from autoprec.kernels.quantize_triton import _as_matrix, _rht_operand, nvfp4_amax
+
+    if not rows.rht and not cols.rht:
+        amax = nvfp4_amax(x, x, False)
+        return amax, amax
+    copy, axis = (rows, 1) if rows.rht else (cols, 0)
+    src, axis = copy.source(x, axis)
+    m = _as_matrix(src, axis)
+    cells = torch.zeros(2, device=x.device, dtype=torch.int32)
+    launch_rht_amax(m, _rht_operand(x, True, rht_signs), cells[:1], m.shape, m.stride(), plain=cells[1:])
+    return (cells[0], cells[1]) if rows.rht else (cells[1], cells[0])
 
 
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:

@@ -228,26 +228,36 @@ def slices_amax(x_ptr, m_ptr, R, K, s_r, s_k, pid_r, pid_k, BR: tl.constexpr, BK
 
 
 @triton.jit
-def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr, BK: tl.constexpr):
+def _amax_rht_cols_kernel(x_ptr, m_ptr, amax_ptr, plain_ptr, R, K, s_r, s_k, s_b, BR: tl.constexpr,
+                          BK: tl.constexpr, PLAIN: tl.constexpr):
     """``_amax_kernel`` with the RHT along a strided K, in slices: max|RHT(x)| over the finite values of batch item
-    ``program_id(1)`` (``s_b`` elements apart) into ``amax_ptr[item]``."""
+    ``program_id(1)`` (``s_b`` elements apart) into ``amax_ptr[item]``; with PLAIN, max|x| too, from the same read,
+    into ``plain_ptr[item]`` (the tensor amax of a pair's copy without the RHT)."""
     item = tl.program_id(1)
     x_ptr += item.to(tl.int64) * s_b
     n_k = tl.cdiv(K, BK)
     amax = tl.zeros((BR, BK // 16), tl.float32)
+    plain = tl.zeros((BR, BK // 16), tl.float32)
     for t in range(tl.program_id(0), tl.cdiv(R, BR) * n_k, tl.num_programs(0)):
         rows, c0 = tile_blocks(t // n_k, t % n_k, 16, BR, BK)
-        amax = tl.maximum(amax, finite_amax(load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, True)))
+        xs = load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, 16, False)
+        if PLAIN:  # before the transform: the loaded slices are dead once it has read them
+            plain = tl.maximum(plain, finite_amax(xs))
+        amax = tl.maximum(amax, finite_amax(rht16(xs, m_ptr, 0)))
     atomic_max_bits(amax_ptr + item, tl.max(tl.max(amax, 1), 0))
+    if PLAIN:
+        atomic_max_bits(plain_ptr + item, tl.max(tl.max(plain, 1), 0))
 
 
 def launch_rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
-                    strides: tuple[int, int], s_b: int = 0) -> None:
+                    strides: tuple[int, int], s_b: int = 0, plain: torch.Tensor | None = None) -> None:
     """Launch ``_amax_rht_cols_kernel`` over the (R, K) views (``shape``, ``strides``) of ``amax.numel()`` batch
-    items of ``x``, ``s_b`` apart: each item's max|RHT(x)| bits into its int32 ``amax`` cell (zeroed)."""
+    items of ``x``, ``s_b`` apart: each item's max|RHT(x)| bits into its int32 ``amax`` cell (zeroed), and given
+    ``plain`` (cells like ``amax``'s), its max|x| bits there, from the same read."""
     tile = fixed_tile(RHT_AMAX_TILE, INTERPRETER_TILE)
     tiles = cdiv(shape[0], tile["BR"]) * cdiv(shape[1], tile["BK"])
-    _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](x, mt, amax, *shape, *strides, s_b, **tile)
+    _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](
+        x, mt, amax, amax if plain is None else plain, *shape, *strides, s_b, PLAIN=plain is not None, **tile)
 
 
 @triton.jit

@@ -346,10 +346,11 @@ def quantize_triton(
     is applied along ``axis`` inside the kernel. Stochastic rounding takes its bits from ``rand`` or,
     given the stream ``seed`` instead (an int, or a ``StepStream`` whose step the kernel reads on the device),
     computes ``sr_bits(x.shape, seed)`` in the kernel (no pass over memory; a 3D tensor blocked along its
-    middle dim materialises them). ``amax``: NVFP4's tensor amax cell (``nvfp4_amax``) of the same values, already
-    computed (for the other copy of a pair; not with the RHT, whose values differ), so no amax pass runs."""
-    if amax is not None and (fmt is not NVFP4 or rht):
-        raise ValueError(f"quantize_triton: a given amax needs NVFP4 without the RHT, got {fmt.name}, rht={rht}")
+    middle dim materialises them). ``amax``: NVFP4's tensor amax cell of the values this quantization encodes (with
+    the RHT, of their transform along ``axis``), already computed with the other copy's of a pair
+    (``dispatch.pair_amax``), so no amax pass runs."""
+    if amax is not None and fmt is not NVFP4:
+        raise ValueError(f"quantize_triton: a given amax is NVFP4's tensor amax, got {fmt.name}")
     axis = normalize_axis(axis, x.ndim)
     m = _as_matrix(x, axis)
     n_rows, k = m.shape

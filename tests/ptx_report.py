@@ -180,8 +180,11 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
                     {"num_warps": cfg.num_warps, LAUNCH_ALIGNED: True}))
     amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "R": "i32", "K": "i32", "s_r": "i32",
             "s_k": "i32", "s_b": "i32"}
-    out.append(("cols_quantize_amax_rht", qc._amax_rht_cols_kernel, amax, {"s_r": 1} | qc.RHT_AMAX_TILE,
-                {LAUNCH_ALIGNED: True}))
+    rht_amax = {"x_ptr": "*bf16", "m_ptr": "*fp32", "amax_ptr": "*i32", "plain_ptr": "*i32"} | {
+        k: v for k, v in amax.items() if k not in ("x_ptr", "m_ptr", "amax_ptr")}
+    for plain in (False, True):  # the RHT amax, and with a pair's plain amax from the same read
+        out.append((f"cols_quantize_amax_rht{'_and_plain' if plain else ''}", qc._amax_rht_cols_kernel, rht_amax,
+                    {"s_r": 1, "PLAIN": plain} | qc.RHT_AMAX_TILE, {LAUNCH_ALIGNED: True}))
     out.append(("tile_cols_quantize_amax_rht_launch", qt._amax_kernel, amax,
                 {"s_r": 1, "RHT": True} | qt.AMAX_TILE, {LAUNCH_ALIGNED: True}))
     return out

@@ -2,9 +2,10 @@
 are the two quantize nodes' (through transposes too), so compiled models compute the same bits."""
 import pytest
 import torch
+import triton
 
 from autoprec import backend
-from autoprec.kernels import dispatch, quantize_cols_triton, quantize_triton, rht_signs
+from autoprec.kernels import dispatch, quantize_cols_triton, quantize_triton, rht_ref, rht_signs
 from autoprec.kernels.ops import quantize, quantize_dual
 from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.random_bits import StepStream
@@ -37,10 +38,14 @@ def test_dual_op_makes_the_bytes_of_two_quantize_ops(monkeypatch, kernels, fmt, 
     (QuantCopy(StepStream(2, STEP)), QuantCopy(StepStream(3, STEP), transposed_source=True)),  # a gradient
     (QuantCopy(transposed_source=True), QuantCopy()),  # a weight seen as Wᵀ by fprop
     (QuantCopy(), QuantCopy(rht=True)),  # an activation, RHT on its wgrad copy: its amax is the transform's
-], ids=["gradient", "weight", "activation-rht"])
+    (QuantCopy(StepStream(2, STEP)), QuantCopy(StepStream(3, STEP), rht=True, transposed_source=True)),
+    (QuantCopy(rht=True), QuantCopy()),
+], ids=["gradient", "weight", "activation-rht", "gradient-rht", "rows-rht"])
 def test_copies_a_gpu_runs_share_the_tensor_amax(monkeypatch, a, b):
     """The two quantizations a GPU runs for a pair (``quantize_copies``, Triton in the interpreter) make the bytes
-    of two quantize calls, and read x once for NVFP4's tensor amax where neither copy takes the RHT."""
+    of two quantize calls, and read x once for NVFP4's tensor amaxes: one amax where neither copy takes the RHT,
+    and with the RHT on one copy (read down a strided dim or, for a transposed source, along rows) its transform's
+    and x's from the same pass."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     launches = []
     for module, name in ((quantize_triton, "launch_amax"), (quantize_cols_triton, "launch_rht_amax")):
@@ -48,7 +53,7 @@ def test_copies_a_gpu_runs_share_the_tensor_amax(monkeypatch, a, b):
         monkeypatch.setattr(module, name, lambda *args, f=launch, **kw: launches.append(1) or f(*args, **kw))
     x = edge_tensor(64, 96)
     got = dispatch.quantize_copies(x, "nvfp4", a, b, rht_signs=rht_signs(0))
-    assert len(launches) == (2 if b.rht else 1)
+    assert len(launches) == 1
     for copy, axis, q in ((a, 1, got[0]), (b, 0, got[1])):
         src, axis = copy.source(x, axis)
         want = dispatch.quantize(src, "nvfp4", axis, rounding="rne" if copy.seed is None else "sr",
@@ -56,6 +61,26 @@ def test_copies_a_gpu_runs_share_the_tensor_amax(monkeypatch, a, b):
         assert bits_equal(q.codes.view(torch.uint8), want.codes.view(torch.uint8))
         assert bits_equal(q.scales, want.scales) and bits_equal(q.tensor_scale, want.tensor_scale)
 
+
+
+@pytest.mark.parametrize("where", [(0, 0), (63, 95), (17, 40), (40, 17)])
+@pytest.mark.parametrize("rht_rows", [False, True], ids=["rht-cols", "rht-rows"])
+def test_pair_amax_reads_both_tensor_amaxes_at_once(monkeypatch, where, rht_rows):
+    """``pair_amax`` of a pair with the RHT on one copy: the bits of max|x| and of max|RHT(x)| along that copy's
+    K (over the finite values), wherever the largest value lies (first and last element, mid-block: each slice's
+    column counts), with 3 programs folding the 6 x 3 tiles of the GPU's amax tile, 16 x 32 here."""
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    monkeypatch.setattr(quantize_cols_triton, "AMAX_PROGRAMS", 3)
+    monkeypatch.setattr(quantize_cols_triton, "INTERPRETER_TILE", triton.Config({"BR": 16, "BK": 32}))
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(1))
+    x[where] = -20.0
+    x[5, 5] = float("inf")
+    copies = (QuantCopy(rht=True), QuantCopy()) if rht_rows else (QuantCopy(), QuantCopy(rht=True))
+    cells = dispatch.pair_amax(x, *copies, rht_signs(0))
+    transformed = rht_ref(x, 1 if rht_rows else 0, rht_signs(0))  # the Inf's 16-group is not finite
+    want = {False: x[x.isfinite()].abs().max(), True: transformed[transformed.isfinite()].abs().max()}
+    for copy, cell in zip(copies, cells):
+        assert cell.item() == want[copy.rht].view(torch.int32).item(), (copy, cell, want[copy.rht])
 
 def run_mlp(recipe: str) -> tuple[list[torch.Tensor], list[str]]:
     """Loss and gradients of a compiled MLP step, and the autoprec ops of its joint graph."""

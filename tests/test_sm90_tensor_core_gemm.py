@@ -182,6 +182,9 @@ def test_ptx_sm90_and_sm100_column_copies_quantize_in_slices(ptx_report, report_
                     assert sliced["sr_hash"] and per_element(sliced) <= bound * per_element(tile), (sliced, tile)
         amax, tile_amax = rows["cols_quantize_amax_rht"], rows["tile_cols_quantize_amax_rht_launch"]
         assert per_element(amax) <= per_element(tile_amax) / 2, (amax, tile_amax)
+        # a pair's two amaxes from one read cost no more instructions than the two passes they replace
+        both, plain = rows["cols_quantize_amax_rht_and_plain"], rows["quantize_amax"]
+        assert per_element(both) <= per_element(amax) + per_element(plain), (both, amax, plain)
 
 
 def test_ptx_sm90_and_sm100_one_read_quantizer_costs_no_more_than_the_two_kernels_it_replaces(ptx_report,
