@@ -133,7 +133,7 @@ def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
     print(f"\n{'training step, ' + name + ' under inductor (CPU)':<50}{'ms':>8}{'x fp32':>8}{'quantize':>10}"
           f"{'amax':>6}{'matmul':>8}{'launches':>10}")
     base = None
-    for recipe in (None, "nvfp4", "mxfp8"):
+    for recipe in (None, "nvfp4", "nvfp4_nvidia", "mxfp8"):
         torch._dynamo.reset()
         torch.manual_seed(0)
         model = TinyGPT(vocab=512, d=64, layers=layers, heads=4, ctx=64, sdpa=True, experts=experts)
