@@ -27,6 +27,7 @@ from autoprec.formats import NVFP4, Format, get_format
 from autoprec.kernels.hadamard_ref import rht_ref
 from autoprec.kernels.launch import interpreting
 from autoprec.kernels.mode import kernel_mode
+from autoprec.kernels.nvfp4_ref import transpose_tiles_ref
 from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.quantize_ref import check_quantize_args, dequantize_ref, quantize_ref
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor
@@ -184,6 +185,16 @@ def pair_amax(x: torch.Tensor, rows: QuantCopy, cols: QuantCopy, rht_signs: torc
     cells = torch.zeros(2, device=x.device, dtype=torch.int32)
     launch_rht_amax(m, _rht_operand(x, True, rht_signs), cells[:1], m.shape, m.stride(), plain=cells[1:])
     return (cells[0], cells[1]) if rows.rht else (cells[1], cells[0])
+
+
+def transpose_tiles(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nvfp4_ref.transpose_tiles_ref`` of a 16x16-tiled NVFP4 matrix's uint8 codes and scales: one Triton launch
+    where Triton runs, else the reference's torch ops."""
+    if use_triton(codes.device, None):
+        from autoprec.kernels.transpose_tiles_triton import transpose_tiles_triton
+
+        return transpose_tiles_triton(codes.contiguous(), scales.contiguous())
+    return transpose_tiles_ref(codes, scales)
 
 
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:

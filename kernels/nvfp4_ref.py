@@ -111,3 +111,12 @@ def dequantize_nvfp4_ref(q: QuantizedTensor) -> torch.Tensor:
 def nvfp4_values(codes: torch.Tensor, scales: torch.Tensor, s_dec: torch.Tensor, tile_rows: int) -> torch.Tensor:
     vals = _tile(e2m1_decode(unpack_nibbles(codes)), tile_rows)
     return _untile(vals * scales[..., None] * s_dec, tile_rows)
+
+
+def transpose_tiles_ref(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored (codes, scales) of the transpose of a 16x16-tiled NVFP4 matrix stored (R, K) as uint8 codes
+    (R, K/2) and scales (R/16, K/16): the same tiles with the same scales and every element with its code, now
+    blocked along the other dim. With 16x16 tiles this is exactly the quantization of the transposed matrix."""
+    nibbles = torch.stack((codes & 0xF, codes >> 4), -1).flatten(-2).t()
+    packed = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).contiguous()
+    return packed, scales.t().clone(memory_format=torch.contiguous_format)  # a copy even where .t() is contiguous

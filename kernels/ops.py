@@ -115,10 +115,8 @@ def transpose_tiles(codes: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
     """The stored (codes, scales) of the transpose of a 16x16-tiled NVFP4 matrix stored (R, K): the same
     tiles with the same scales and every element with its code, now blocked along the other dim. With
     16x16 tiles this is exactly the quantization of the transposed matrix, so a weight quantized for
-    fprop serves its dgrad too."""
-    nibbles = torch.stack((codes & 0xF, codes >> 4), -1).flatten(-2).t()
-    packed = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).contiguous()
-    return packed, scales.t().clone(memory_format=torch.contiguous_format)  # a copy even where .t() is contiguous
+    fprop serves its dgrad too (``dispatch.transpose_tiles``)."""
+    return dispatch.transpose_tiles(codes, scales)
 
 
 @_fake(transpose_tiles)

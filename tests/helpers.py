@@ -214,3 +214,14 @@ def grouped_paths_on_stand_in_gpu(monkeypatch, capability: tuple[int, int], grad
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=2**-6, atol=1e-2 * w.float().abs().max().item())
     return [args[-1] for _, args in calls]
+
+
+class RecordedKernel:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` launches it and records ``grid`` in ``launches``."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(grid)
+        return self.kernel[grid]

@@ -31,6 +31,7 @@ from autoprec.kernels import quantize_triton as qt
 from autoprec.kernels import scaled_mm_decoded as dec
 from autoprec.kernels import scaled_mm_tc_triton as tc
 from autoprec.kernels import scaled_mm_triton as fp32
+from autoprec.kernels import transpose_tiles_triton as tt
 from autoprec.kernels import wgrad_bf16_triton as wb
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
@@ -187,6 +188,11 @@ def column_kernels(mx: dict, full: bool) -> list[tuple[str, object, dict, dict, 
                     {"s_r": 1, "PLAIN": plain} | qc.RHT_AMAX_TILE, {LAUNCH_ALIGNED: True}))
     out.append(("tile_cols_quantize_amax_rht_launch", qt._amax_kernel, amax,
                 {"s_r": 1, "RHT": True} | qt.AMAX_TILE, {LAUNCH_ALIGNED: True}))
+    # a 16x16-tiled weight's fprop quantization transposed for its dgrad
+    sig = {"codes_ptr": "*u8", "scales_ptr": "*u8", "out_codes_ptr": "*u8", "out_scales_ptr": "*u8", "R": "i32",
+           "K": "i32"}
+    out.append(("transpose_tiles_launch", tt._transpose_tiles_kernel, sig, {"BR": tt.BLOCK_R, "BK": tt.BLOCK_K},
+                {LAUNCH_ALIGNED: True}))
     return out
 
 

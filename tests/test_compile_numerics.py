@@ -7,7 +7,7 @@ import autoprec
 from autoprec.model_plan import STATES
 
 from gpt_model import MLP, TinyGPT, tokens
-from helpers import bits_equal, sqnr_db
+from helpers import RecordedKernel, bits_equal, sqnr_db
 from reference_autograd import qlinear
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -174,6 +174,28 @@ def test_transposed_16x16_tiles_are_the_quantization_of_the_transpose():
     codes, scales = transpose_tiles(fprop.codes, fprop.scales.view(torch.uint8))
     assert bits_equal(codes, dgrad.codes) and bits_equal(scales, dgrad.scales.view(torch.uint8))
     assert bits_equal(fprop.tensor_scale, dgrad.tensor_scale)
+
+
+
+@pytest.mark.parametrize("shape", [(48, 64), (80, 208), (16, 16)])
+def test_transpose_tiles_triton_is_the_references_bytes_in_one_launch(monkeypatch, shape):
+    """The Triton transpose of a 16x16-tiled matrix (the interpreter, one launch; partial 64 x 64 tiles both ways)
+    writes the reference's codes and scales byte for byte, on every code and scale byte."""
+    from autoprec.kernels import dispatch, transpose_tiles_triton
+
+    gen = torch.Generator().manual_seed(2)
+    rows, k = shape
+    codes = torch.randint(0, 256, (rows, k // 2), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(0, 256, (rows // 16, k // 16), generator=gen, dtype=torch.uint8)
+    launches = []
+    kernel = transpose_tiles_triton._transpose_tiles_kernel
+    monkeypatch.setattr(transpose_tiles_triton, "_transpose_tiles_kernel", RecordedKernel(kernel, launches))
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    got = dispatch.transpose_tiles(codes, scales)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "auto")
+    want = dispatch.transpose_tiles(codes, scales)  # the CPU's reference
+    assert len(launches) == 1
+    assert all(bits_equal(g, w) and g.is_contiguous() for g, w in zip(got, want))
 
 
 def test_dgrad_reuses_the_fprop_weight_quantization(rewritten, monkeypatch):

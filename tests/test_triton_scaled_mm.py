@@ -14,7 +14,7 @@ from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, s
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch, scaled_mm_triton
 
-from helpers import bits_equal, to_device
+from helpers import RecordedKernel, bits_equal, to_device
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = [("nvfp4", "nvfp4", False), ("nvfp4", "nvfp4", True), ("mxfp8", "mxfp8", False),
@@ -133,7 +133,7 @@ def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt
         ops.append(as_operand(q, axis, name))
     launches = []
     kernel = decoded_module._decode_kernel
-    monkeypatch.setattr(decoded_module, "_decode_kernel", _Counted(kernel, launches))
+    monkeypatch.setattr(decoded_module, "_decode_kernel", RecordedKernel(kernel, launches))
     flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     da, db = decoded_module.decode_pair(*ops, flag)
     assert len(launches) == 1
@@ -143,13 +143,3 @@ def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt
         assert got.dtype == torch.bfloat16 and bits_equal(got.cpu(), want.cpu())
     assert (da is ops[0].codes) == (fmt_a == "bf16")
 
-
-class _Counted:
-    """A Triton kernel whose launches are recorded."""
-
-    def __init__(self, kernel, launches: list):
-        self.kernel, self.launches = kernel, launches
-
-    def __getitem__(self, grid):
-        self.launches.append(grid)
-        return self.kernel[grid]
