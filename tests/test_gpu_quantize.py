@@ -113,14 +113,24 @@ def test_gpu_hardware_conversions_equal_the_integer_path(monkeypatch, fmt, round
         assert problem is None, (axis, problem)
 
 
-@pytest.mark.parametrize("pair", [GRADIENT_PAIR, (QuantCopy(SEED), QuantCopy(SEED + 1, transposed_source=True))],
-                         ids=["gradient", "no_rht"])
+@pytest.mark.parametrize("pair", [GRADIENT_PAIR, (QuantCopy(SEED), QuantCopy(SEED + 1, transposed_source=True)),
+                                  (QuantCopy(), QuantCopy(rht=True))], ids=["gradient", "no_rht", "activation"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt, pair):
-    """What a GPU runs for a pair (two quantizations; NVFP4 copies without the RHT share one amax pass)."""
+    """What a GPU runs for a pair (two quantizations; NVFP4's two tensor amaxes from one pass, with the RHT on one
+    copy too: ``dispatch.pair_amax``)."""
     x = edge_tensor(1024, 768).bfloat16()
     got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, *pair), x)
     assert_both_same(got, want)
+
+
+def test_gpu_transpose_tiles_equals_reference():
+    """A 16x16-tiled weight's dgrad copy, one Triton launch on a GPU, byte for byte the reference's torch ops."""
+    w = dispatch.quantize(edge_tensor(768, 1024), "nvfp4", 1, tile2d=True)
+    codes, scales = w.codes.view(torch.uint8), w.scales.view(torch.uint8)
+    got = dispatch.transpose_tiles(codes.cuda(), scales.cuda())
+    want = dispatch.transpose_tiles(codes, scales)
+    assert all(torch.equal(g.cpu(), r) for g, r in zip(got, want))
 
 
 ONE_READ_PAIRS = {  # (rows, columns): the gradient pair, then each of its parts alone
