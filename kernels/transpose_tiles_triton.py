@@ -1,7 +1,7 @@
 """The transpose of a 16x16-tiled NVFP4 matrix (``ops.transpose_tiles``: a weight's fprop quantization as its
 dgrad's) in one Triton launch: each program reads a BR x BK tile of the packed codes and its block of tile scales
 and writes them transposed, the codes re-paired along the other dim. Byte for byte the reference's
-(``ops.transpose_tiles_ref``), whose torch ops are six kernels on a GPU, each a launch its host pays for.
+(``nvfp4_ref.transpose_tiles_ref``), whose torch ops are six kernels on a GPU, each a launch its host pays for.
 """
 from __future__ import annotations
 
