@@ -18,8 +18,8 @@ are compute-bound and each format runs at its measured speedup over BF16, quanti
   8192^3 against torch's bf16 GEMM (benchmarks/results/h200_2026-12-04.txt, run 2): NVFP4 with the
   quantization of both operands 0.47x; MXFP8 0.70x, its decoded GEMM (1.844 ms) plus the run-1 times of its
   row and column quantizations of 8192^2 (0.152, 0.303 ms) against 1.601 ms. That MXFP8 GEMM had cuBLAS write
-  bf16 itself, which autoprec does only with torch's allow_bf16_reduced_precision_reduction off; otherwise it
-  takes NVFP4's fp32-output path (not timed for MXFP8), so expect less. Slower than BF16 either way: on Hopper
+  bf16 itself, as autoprec does again since 2026-12-07 with torch's allow_bf16_reduced_precision_reduction turned
+  off around the call (cuBLAS's split-K sums then fp32; not yet timed so). Slower than BF16 either way: on Hopper
   autoprec saves memory, not time, and a plan says so.
 """
 from __future__ import annotations

@@ -159,15 +159,6 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
         if fmt != "bf16":  # with both operands' quantization, as a step runs it (TE's "with quantization")
             row(rig, "  + quantize x, w", lambda: scaled_mm(quantize(x, fmt, 1), quantize(w, fmt, 0),
                                                         out_dtype=torch.bfloat16), flops, ms_bf16, peak)
-        if fmt == "mxfp8" and path == "decoded":  # cuBLAS writes bf16 itself once bf16 split-K sums are off
-            matmul = torch.backends.cuda.matmul
-            allowed = matmul.allow_bf16_reduced_precision_reduction
-            matmul.allow_bf16_reduced_precision_reduction = False
-            try:
-                row(rig, "  no bf16 split-K sums", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16,
-                    peak)
-            finally:
-                matmul.allow_bf16_reduced_precision_reduction = allowed
         if fmt == "bf16":
             continue
         oa, ob = as_operand(a, 1, "a"), as_operand(b, 0, "b")

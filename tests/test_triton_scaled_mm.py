@@ -143,3 +143,32 @@ def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt
         assert got.dtype == torch.bfloat16 and bits_equal(got.cpu(), want.cpu())
     assert (da is ops[0].codes) == (fmt_a == "bf16")
 
+
+
+@pytest.mark.parametrize("setting", [(True, True), (False, True), (False, False)],
+                         ids=["torch_default", "bf16_sums_off", "split_k_off"])
+def test_decoded_mxfp8_to_bf16_without_bias_is_cublas_rounding_its_fp32_sums(monkeypatch, setting):
+    """An MXFP8 product without bias to bf16 takes cuBLAS's own rounding of its fp32 accumulator (no fp32 product in
+    memory, no epilogue launch) whatever torch's ``allow_bf16_reduced_precision_reduction``: the decoded path turns
+    it off around its GEMM (``fp32_split_k_sums``, which keeps the split-K setting and restores the flag, after an
+    error too), so cuBLAS adds split-K partial sums in fp32 as the reference does. It equals the reference to
+    bf16's rounding."""
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", setting)
+    with decoded_module.fp32_split_k_sums():
+        assert not matmul.allow_bf16_reduced_precision_reduction
+        assert matmul.allow_bf16_reduced_precision_reduction_split_k == setting[1]
+    with pytest.raises(RuntimeError, match="inside"), decoded_module.fp32_split_k_sums():
+        raise RuntimeError("inside")
+    assert (matmul.allow_bf16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction_split_k
+            ) == setting
+    launches = []
+    epilogue = decoded_module._epilogue_kernel
+    monkeypatch.setattr(decoded_module, "_epilogue_kernel", RecordedKernel(epilogue, launches))
+    gen = torch.Generator().manual_seed(6)
+    a, b = torch.randn(48, 96, generator=gen), torch.randn(96, 40, generator=gen)
+    qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
+    oa, ob = as_operand(to_device(qa, DEVICE), 1, "a"), as_operand(to_device(qb, DEVICE), 0, "b")
+    got = decoded_module.scaled_mm_decoded_cublas(oa, ob, None, torch.bfloat16).float().cpu()
+    want = qmm_ref(a, b, "mxfp8", "mxfp8")
+    assert launches == [] and torch.allclose(got, want, rtol=2**-8, atol=2**-8 * want.abs().max().item())
