@@ -7,12 +7,11 @@ reference's order. It equals the reference up to fp32 accumulation order.
 
 The GEMM is one of two products, each GEMM key measured once on the GPU (``gemm_choice``): cuBLAS's
 (``torch.mm(..., out_dtype=torch.float32)``, then one Triton pass for the epilogue: a write and a read of the fp32
-product next to the GEMM; MXFP8 without bias to bf16 skips that pass, cuBLAS rounding its fp32 accumulator once,
-with torch's ``allow_bf16_reduced_precision_reduction`` turned off around the call: torch's default lets cuBLAS add
-split-K partial sums in bf16, which the reference's fp32 accumulation does not), or Triton's (``scaled_mm_triton``'s
-kernel reading the bf16 tiles as stored,
-the epilogue in its registers: no fp32 product in memory). ``scaled_mm_decoded_cublas`` and
-``scaled_mm_decoded_triton`` run one of them.
+product next to the GEMM; MXFP8 to bf16, without bias or with a bf16 one, skips that pass, cuBLAS rounding its fp32
+accumulator plus the bias once, with torch's ``allow_bf16_reduced_precision_reduction`` turned off around the call:
+torch's default lets cuBLAS add split-K partial sums in bf16, which the reference's fp32 accumulation does not), or
+Triton's (``scaled_mm_triton``'s kernel reading the bf16 tiles as stored, the epilogue in its registers: no fp32
+product in memory). ``scaled_mm_decoded_cublas`` and ``scaled_mm_decoded_triton`` run one of them.
 """
 from __future__ import annotations
 
@@ -165,9 +164,10 @@ def scaled_mm_decoded_cublas(a: Operand, b: Operand, bias: torch.Tensor | None, 
 
 
 def _cublas_rounds(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
-    """Whether cuBLAS rounds its own fp32 accumulator to the output (no epilogue pass): no NVFP4 tensor scale, no
-    bias, bf16 out."""
-    return a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and bias is None and out_dtype == torch.bfloat16
+    """Whether cuBLAS rounds its own fp32 accumulator (plus a bf16 bias, which it adds in fp32) to the output (no
+    epilogue pass): no NVFP4 tensor scale, bf16 out."""
+    return (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and out_dtype == torch.bfloat16
+            and (bias is None or bias.dtype == torch.bfloat16))
 
 
 @contextlib.contextmanager
@@ -189,11 +189,12 @@ def fp32_split_k_sums():
 def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,
             out_dtype: torch.dtype) -> torch.Tensor:
     """cuBLAS's product of the decoded ``da``, ``db`` and the epilogue pass (tensor scales of ``a``, ``b``, bias)."""
-    if _cublas_rounds(a, b, bias, out_dtype):  # cuBLAS rounds its fp32 accumulator once to bf16
+    if _cublas_rounds(a, b, bias, out_dtype):  # cuBLAS rounds its fp32 accumulator (+ bias) once to bf16
         if not da.is_cuda:
-            return (da.float() @ db.float().t()).to(out_dtype)
+            acc = da.float() @ db.float().t()
+            return (acc if bias is None else acc + bias.float()).to(out_dtype)
         with fp32_split_k_sums():
-            out = torch.mm(da, db.t())
+            out = torch.mm(da, db.t()) if bias is None else torch.addmm(bias, da, db.t())
     else:
         acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
         m, n = acc.shape

@@ -147,12 +147,13 @@ def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt
 
 @pytest.mark.parametrize("setting", [(True, True), (False, True), (False, False)],
                          ids=["torch_default", "bf16_sums_off", "split_k_off"])
-def test_decoded_mxfp8_to_bf16_without_bias_is_cublas_rounding_its_fp32_sums(monkeypatch, setting):
-    """An MXFP8 product without bias to bf16 takes cuBLAS's own rounding of its fp32 accumulator (no fp32 product in
-    memory, no epilogue launch) whatever torch's ``allow_bf16_reduced_precision_reduction``: the decoded path turns
-    it off around its GEMM (``fp32_split_k_sums``, which keeps the split-K setting and restores the flag, after an
-    error too), so cuBLAS adds split-K partial sums in fp32 as the reference does. It equals the reference to
-    bf16's rounding."""
+def test_decoded_mxfp8_to_bf16_is_cublas_rounding_its_fp32_sums(monkeypatch, setting):
+    """An MXFP8 product to bf16 (without bias, or with a bf16 one) takes cuBLAS's own rounding of its fp32
+    accumulator plus the bias (no fp32 product in memory, no epilogue launch) whatever torch's
+    ``allow_bf16_reduced_precision_reduction``: the decoded path turns it off around its GEMM
+    (``fp32_split_k_sums``, which keeps the split-K setting and restores the flag, after an error too), so cuBLAS
+    adds split-K partial sums in fp32 as the reference does. It equals the reference to bf16's rounding; an fp32
+    bias takes the epilogue."""
     matmul = torch.backends.cuda.matmul
     monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", setting)
     with decoded_module.fp32_split_k_sums():
@@ -169,6 +170,10 @@ def test_decoded_mxfp8_to_bf16_without_bias_is_cublas_rounding_its_fp32_sums(mon
     a, b = torch.randn(48, 96, generator=gen), torch.randn(96, 40, generator=gen)
     qa, qb = quantize_ref(a, "mxfp8", 1), quantize_ref(b, "mxfp8", 0)
     oa, ob = as_operand(to_device(qa, DEVICE), 1, "a"), as_operand(to_device(qb, DEVICE), 0, "b")
-    got = decoded_module.scaled_mm_decoded_cublas(oa, ob, None, torch.bfloat16).float().cpu()
-    want = qmm_ref(a, b, "mxfp8", "mxfp8")
-    assert launches == [] and torch.allclose(got, want, rtol=2**-8, atol=2**-8 * want.abs().max().item())
+    bias = torch.randn(40, generator=gen).bfloat16()
+    for add in (None, bias, bias.float()):
+        got = decoded_module.scaled_mm_decoded_cublas(oa, ob, None if add is None else add.to(DEVICE),
+                                                      torch.bfloat16).float().cpu()
+        want = qmm_ref(a, b, "mxfp8", "mxfp8") + (0.0 if add is None else add.float())
+        assert torch.allclose(got, want, rtol=2**-8, atol=2**-8 * want.abs().max().item())
+    assert len(launches) == 1  # the fp32 bias's
