@@ -176,7 +176,6 @@ def test_transposed_16x16_tiles_are_the_quantization_of_the_transpose():
     assert bits_equal(fprop.tensor_scale, dgrad.tensor_scale)
 
 
-
 @pytest.mark.parametrize("shape", [(48, 64), (80, 208), (16, 16)])
 def test_transpose_tiles_triton_is_the_references_bytes_in_one_launch(monkeypatch, shape):
     """The Triton transpose of a 16x16-tiled matrix (the interpreter, one launch; partial 64 x 64 tiles both ways)

@@ -62,13 +62,12 @@ def test_copies_a_gpu_runs_share_the_tensor_amax(monkeypatch, a, b):
         assert bits_equal(q.scales, want.scales) and bits_equal(q.tensor_scale, want.tensor_scale)
 
 
-
 @pytest.mark.parametrize("where", [(0, 0), (63, 95), (17, 40), (40, 17)])
 @pytest.mark.parametrize("rht_rows", [False, True], ids=["rht-cols", "rht-rows"])
 def test_pair_amax_reads_both_tensor_amaxes_at_once(monkeypatch, where, rht_rows):
     """``pair_amax`` of a pair with the RHT on one copy: the bits of max|x| and of max|RHT(x)| along that copy's
     K (over the finite values), wherever the largest value lies (first and last element, mid-block: each slice's
-    column counts), with 3 programs folding the 6 x 3 tiles of the GPU's amax tile, 16 x 32 here."""
+    column counts), with 3 programs folding the 12 tiles of 16 x 32 (the interpreter's tile, set so here)."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     monkeypatch.setattr(quantize_cols_triton, "AMAX_PROGRAMS", 3)
     monkeypatch.setattr(quantize_cols_triton, "INTERPRETER_TILE", triton.Config({"BR": 16, "BK": 32}))
@@ -81,6 +80,7 @@ def test_pair_amax_reads_both_tensor_amaxes_at_once(monkeypatch, where, rht_rows
     want = {False: x[x.isfinite()].abs().max(), True: transformed[transformed.isfinite()].abs().max()}
     for copy, cell in zip(copies, cells):
         assert cell.item() == want[copy.rht].view(torch.int32).item(), (copy, cell, want[copy.rht])
+
 
 def run_mlp(recipe: str) -> tuple[list[torch.Tensor], list[str]]:
     """Loss and gradients of a compiled MLP step, and the autoprec ops of its joint graph."""
