@@ -145,9 +145,21 @@ def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt
 
 
 
-@pytest.mark.parametrize("setting", [(True, True), (False, True), (False, False)],
-                         ids=["torch_default", "bf16_sums_off", "split_k_off"])
-def test_decoded_mxfp8_to_bf16_is_cublas_rounding_its_fp32_sums(monkeypatch, setting):
+@pytest.fixture
+def bf16_reduction(request):
+    """torch's (``allow_bf16_reduced_precision_reduction``, its split-K setting) set to ``request.param`` for a test
+    and restored after (not by monkeypatch: pytest 9.2's cannot put back an attribute torch serves through
+    ``__getattr__``)."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction_split_k
+    matmul.allow_bf16_reduced_precision_reduction = request.param
+    yield request.param
+    matmul.allow_bf16_reduced_precision_reduction = saved
+
+
+@pytest.mark.parametrize("bf16_reduction", [(True, True), (False, True), (False, False)],
+                         ids=["torch_default", "bf16_sums_off", "split_k_off"], indirect=True)
+def test_decoded_mxfp8_to_bf16_is_cublas_rounding_its_fp32_sums(monkeypatch, bf16_reduction):
     """An MXFP8 product to bf16 (without bias, or with a bf16 one) takes cuBLAS's own rounding of its fp32
     accumulator plus the bias (no fp32 product in memory, no epilogue launch) whatever torch's
     ``allow_bf16_reduced_precision_reduction``: the decoded path turns it off around its GEMM
@@ -155,14 +167,13 @@ def test_decoded_mxfp8_to_bf16_is_cublas_rounding_its_fp32_sums(monkeypatch, set
     adds split-K partial sums in fp32 as the reference does. It equals the reference to bf16's rounding; an fp32
     bias takes the epilogue."""
     matmul = torch.backends.cuda.matmul
-    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", setting)
     with decoded_module.fp32_split_k_sums():
         assert not matmul.allow_bf16_reduced_precision_reduction
-        assert matmul.allow_bf16_reduced_precision_reduction_split_k == setting[1]
+        assert matmul.allow_bf16_reduced_precision_reduction_split_k == bf16_reduction[1]
     with pytest.raises(RuntimeError, match="inside"), decoded_module.fp32_split_k_sums():
         raise RuntimeError("inside")
     assert (matmul.allow_bf16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction_split_k
-            ) == setting
+            ) == bf16_reduction
     launches = []
     epilogue = decoded_module._epilogue_kernel
     monkeypatch.setattr(decoded_module, "_epilogue_kernel", RecordedKernel(epilogue, launches))
