@@ -43,7 +43,7 @@ from autoprec.kernels.quantize_triton import (
     mxfp8_meta,
     nvfp4_amax,
 )
-from autoprec.kernels.slices_triton import join_slices, rht16
+from autoprec.kernels.slices_triton import join_slices, load_slices, rht16
 
 # (BR, BK, warps) a GPU tunes over: 16 or 32 NVFP4 elements per thread, 64 MXFP8 (at 32, one row of a block
 # column per thread, its SR keys' fixed work made 70 sm_90 instructions per element against 58). Not yet timed
@@ -58,25 +58,6 @@ MXFP8_CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w 
 # the GPU's 256 x 32).
 INTERPRETER_TILE = triton.Config({"BR": 256, "BK": 128}, num_warps=8)
 RHT_AMAX_TILE = {"BR": 256, "BK": 32}  # the RHT amax pass's tile on a GPU (4 warps: 32 elements per thread)
-
-
-@triton.jit
-def load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, W: tl.constexpr, RHT: tl.constexpr):
-    """W fp32 slices [BR, NB] of the (R, K) view: slice j holds column ``c0 + j`` of rows ``rows`` (``c0``: the
-    blocks' first columns, [NB]), zeros outside the view; with RHT each 16 of them transformed as ``rht16``
-    does."""
-    sk = s_k.to(tl.int64)
-    base = x_ptr + rows.to(tl.int64)[:, None] * s_r + c0.to(tl.int64)[None, :] * sk
-    xs = ()
-    for j in tl.static_range(W):
-        mask = (rows < R)[:, None] & (c0 + j < K)[None, :]
-        xs = xs + (tl.load(base + j * sk, mask=mask, other=0.0).to(tl.float32),)
-    if RHT:
-        ys = ()
-        for g in tl.static_range(W // 16):
-            ys = ys + rht16(xs, m_ptr, g * 16)
-        xs = ys
-    return xs
 
 
 @triton.jit

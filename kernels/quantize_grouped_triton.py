@@ -43,6 +43,7 @@ from autoprec.kernels.quantize_triton import (
     nvfp4_encode_store,
 )
 from autoprec.kernels.random_bits import M32
+from autoprec.kernels.slices_triton import load_slices
 
 # The tiles of 8 elements per thread that an H200 has checked (MXFP8: less the one it found wrong). At the
 # 32-element tiles the per-row group lookup and SR keys push the kernels to 255 registers and spill
@@ -229,7 +230,7 @@ def _batch_slices(x_ptr, m_ptr, step_ptr, k1, codes_ptr, scales_ptr, R, KL, s_r,
     item, x_ptr, codes_ptr, scales_ptr, a, b = _batch_item(x_ptr, k1, step_ptr, codes_ptr, scales_ptr, s_b, c_b,
                                                            sc_b, SR)
     rows, c0 = qc.tile_blocks(tl.program_id(0), tl.program_id(1), W, BR, BK)
-    ys = qc.load_slices(x_ptr, m_ptr, rows, c0, R, KL, s_r, s_k, W, RHT)
+    ys = load_slices(x_ptr, m_ptr, rows, c0, R, KL, s_r, s_k, W, RHT)
     idx = rows.to(tl.int64)[:, None] * r_r + c0.to(tl.int64)[None, :] * r_k
     return item, codes_ptr, scales_ptr, a, b, idx, rows, c0, ys
 

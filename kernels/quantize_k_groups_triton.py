@@ -38,6 +38,7 @@ from autoprec.kernels.quantize_triton import (
     mxfp8_meta,
     nvfp4_encode_store,
 )
+from autoprec.kernels.slices_triton import load_slices
 
 
 @triton.jit
@@ -122,12 +123,12 @@ def _mxfp8_k_groups_kernel(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, step_ptr, k1, c
 @triton.jit
 def _group_slices(x_ptr, m_ptr, offs_ptr, pad_ends_ptr, R, T, s_r, s_k, E, EP: tl.constexpr, W: tl.constexpr,
                   BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
-    """``_group_tile`` in W slices (``quantize_cols_triton.load_slices``): (rows, the padded columns of the tile's
+    """``_group_tile`` in W slices (``slices_triton.load_slices``): (rows, the padded columns of the tile's
     blocks, g, the group's token count, the blocks' first columns within the group, the slices)."""
     rows, out_c0 = qc.tile_blocks(tl.program_id(0), tl.program_id(1), W, BR, BK)
     g, start, n, first_col = _k_group(offs_ptr, pad_ends_ptr, tl.program_id(1) * BK, T, E, EP)
     c0 = out_c0 - first_col
-    ys = qc.load_slices(x_ptr + tl.cast(start, tl.int64) * s_k, m_ptr, rows, c0, R, n, s_r, s_k, W, RHT)
+    ys = load_slices(x_ptr + tl.cast(start, tl.int64) * s_k, m_ptr, rows, c0, R, n, s_r, s_k, W, RHT)
     return rows, out_c0, g, n, c0, ys
 
 

@@ -35,7 +35,7 @@ from autoprec.kernels.numerics_triton import (
 )
 from autoprec.kernels.quantized import QuantizedTensor, normalize_axis
 from autoprec.kernels.random_bits import StepStream, sr_bits, stream_keys
-from autoprec.kernels.slices_triton import join_slices, rht16
+from autoprec.kernels.slices_triton import join_slices, load_slices
 
 BLOCK_R = 16  # the first config of the quantize kernels
 BLOCK_K = 64
@@ -81,22 +81,14 @@ KEY_ARGS = ["k1", "k2"]
 @triton.jit
 def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: tl.constexpr, RHT: tl.constexpr):
     """A [BR, BK/16, 16] fp32 tile of the (R, K) view; with RHT each 16-group is multiplied by
-    H16·diag(signs)/4 (``m_ptr``: the 16 signs) in the reference's order (``slices_triton.rht16``, on the tile's
-    16 slices, then joined)."""
+    H16·diag(signs)/4 (``m_ptr``: the 16 signs) in the reference's order (``slices_triton.load_slices``' RHT, on
+    the tile's 16 slices, then joined)."""
     nb = tl.arange(0, BK // 16)
-    j16 = tl.arange(0, 16)
-    rmask = rows < R
-    r64 = rows.to(tl.int64)  # element offsets in int64: a tensor (or a strided view) may span 2**31 elements
     if RHT:
-        xs = ()
-        for j in tl.static_range(16):
-            cols = col0 + nb * 16 + j
-            mask = rmask[:, None] & (cols < K)[None, :]
-            xs = xs + (tl.load(x_ptr + r64[:, None] * s_r + cols.to(tl.int64)[None, :] * s_k, mask=mask,
-                               other=0.0).to(tl.float32),)
-        return join_slices(rht16(xs, m_ptr, 0), 0, 1, 16)
-    cols = col0 + nb[:, None] * 16 + j16[None, :]
-    mask = rmask[:, None, None] & (cols < K)[None, :, :]
+        return join_slices(load_slices(x_ptr, m_ptr, rows, col0 + nb * 16, R, K, s_r, s_k, 16, True), 0, 1, 16)
+    cols = col0 + nb[:, None] * 16 + tl.arange(0, 16)[None, :]
+    mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
+    r64 = rows.to(tl.int64)  # element offsets in int64: a tensor (or a strided view) may span 2**31 elements
     ptrs = x_ptr + r64[:, None, None] * s_r + cols.to(tl.int64)[None, :, :] * s_k
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 

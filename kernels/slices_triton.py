@@ -1,5 +1,5 @@
 """Tiles held as tuples of slices (slice j: element j of each of a tile's blocks, all slices in one layout, so a
-block's elements sit in one thread): the RHT on them and their in-thread join into one tensor.
+block's elements sit in one thread): their load, the RHT on them and their in-thread join into one tensor.
 
 ``rht16`` computes ``hadamard_ref.rht_ref``'s order bit for bit: the signs, the fast Walsh-Hadamard transform's
 four butterfly stages, the exact ·1/4 — four additions per element, each rounded once, against the sixteen of a
@@ -41,3 +41,22 @@ def join_slices(xs, lo: tl.constexpr, step: tl.constexpr, n: tl.constexpr):
     else:
         j = tl.join(join_slices(xs, lo, 2 * step, n // 2), join_slices(xs, lo + step, 2 * step, n // 2))
         return tl.reshape(j, (j.shape[0], j.shape[1], n))
+
+
+@triton.jit
+def load_slices(x_ptr, m_ptr, rows, c0, R, K, s_r, s_k, W: tl.constexpr, RHT: tl.constexpr):
+    """W fp32 slices [BR, NB] of the (R, K) view: slice j holds column ``c0 + j`` of rows ``rows`` (``c0``: the
+    blocks' first columns, [NB]), zeros outside the view; with RHT each 16 of them transformed as ``rht16``
+    does."""
+    sk = tl.cast(s_k, tl.int64)  # a cast, not .to: a launch may pass s_k = 1 as a constexpr
+    base = x_ptr + rows.to(tl.int64)[:, None] * s_r + c0.to(tl.int64)[None, :] * sk
+    xs = ()
+    for j in tl.static_range(W):
+        mask = (rows < R)[:, None] & (c0 + j < K)[None, :]
+        xs = xs + (tl.load(base + j * sk, mask=mask, other=0.0).to(tl.float32),)
+    if RHT:
+        ys = ()
+        for g in tl.static_range(W // 16):
+            ys = ys + rht16(xs, m_ptr, g * 16)
+        xs = ys
+    return xs
