@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from autoprec.formats import BF16
-from autoprec.kernels.launch import cdiv, guard_programs
+from autoprec.kernels.launch import cdiv, guarded_grid
 from autoprec.kernels.operand import KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
 from autoprec.kernels.scaled_mm_decoded import decode_pair
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
@@ -235,10 +235,7 @@ def launch_grouped(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torc
     equal = offs is None
     # at most one partial tile per group and the tail; E whole runs of tiles for equal groups
     tiles = experts * cdiv(t // experts, blocks[0]) if equal else cdiv(t, blocks[0]) + experts + 1
-    grid = (tiles, cdiv(n, blocks[1]))
-    if flag is not None:
-        grid = (min(grid[0] * grid[1], guard_programs(out.device)),)
-    grouped_mm_kernel[grid](
+    grouped_mm_kernel[guarded_grid((tiles, cdiv(n, blocks[1])), flag, out.device)](
         *_args(a, b, a_ts, b_ts, out), out if equal else offs, store_view(out), out if flag is None else flag, t, n, k,
         experts, b_codes.numel() // experts, b_scales.numel() // experts, *kernel_args(a)[1], *b_meta,
         b.tile_rows if b.kind == KIND_NVFP4 else 1, EP=1 if equal else triton.next_power_of_2(experts + 1),
@@ -254,10 +251,7 @@ def launch_wgrad(a: Operand, b: Operand, a_ts: torch.Tensor | None, b_ts: torch.
     (``quantize_k_groups_triton``'s layout, ``ends`` its padded ends), tensor scales and ``flag`` as in
     ``launch_grouped``."""
     m, n, groups = a.rows, b.rows, ends.shape[0]
-    grid = (cdiv(m, blocks[0]), cdiv(n, blocks[1]), groups)
-    if flag is not None:
-        grid = (min(grid[0] * grid[1] * groups, guard_programs(out.device)),)
-    grouped_wgrad_kernel[grid](
+    grouped_wgrad_kernel[guarded_grid((cdiv(m, blocks[0]), cdiv(n, blocks[1]), groups), flag, out.device)](
         *_args(a, b, a_ts, b_ts, out), ends, store_view(out), out if flag is None else flag, m, n, a.k, groups,
         *kernel_args(a)[1], *kernel_args(b)[1], **_options(a, b, a_ts, b_ts, out, dot, blocks, flag), **options,
     )

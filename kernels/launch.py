@@ -4,6 +4,7 @@ the launches run in Triton's interpreter, and which of the GPU's format conversi
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -51,10 +52,13 @@ def nvfp4_hardware(device: torch.device) -> int:
     return hardware_fp8(device) + hardware_fp4(device)
 
 
-def guard_programs(device: torch.device) -> int:
-    """The persistent grid of the guarded fp32 recompute kernels on ``device``: four programs per SM on a GPU (the
-    recompute, when the device flag is set, still fills it), four in the interpreter."""
-    return 4 * _sm_count(device.index) if device.type == "cuda" else 4
+def guarded_grid(grid: tuple[int, ...], flag: torch.Tensor | None, device: torch.device) -> tuple[int, ...]:
+    """A kernel's ``grid``, or for its guarded fp32 recompute (``flag`` given) the persistent 1D grid striding over
+    those programs' tiles: at most four programs per SM on a GPU (the recompute, when the device flag is set, still
+    fills it), four in the interpreter."""
+    if flag is None:
+        return grid
+    return (min(math.prod(grid), 4 * _sm_count(device.index) if device.type == "cuda" else 4),)
 
 
 def _converts(device: torch.device, since: tuple[int, int]) -> bool:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoprec.kernels.launch import cdiv, guard_programs, interpreting
+from autoprec.kernels.launch import cdiv, guarded_grid, interpreting
 from autoprec.kernels.numerics_triton import decode_e2m1, decode_e8m0, decode_float8, decode_fp8, to_bf16_bits
 from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
 
@@ -145,7 +145,7 @@ def scaled_mm_kernel(
     B_TILE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, GUARDED: tl.constexpr,
 ):
-    """One output tile per program; with GUARDED a persistent grid (``guard_programs``) whose programs return at
+    """One output tile per program; with GUARDED a persistent grid (``launch.guarded_grid``) whose programs return at
     once while the int32 at ``flag_ptr`` is 0, else stride over all tiles (the flag is set on the device by
     ``scaled_mm_decoded``'s decode when a value was not exact in bf16): a clear flag costs a few programs, not one
     per output tile."""
@@ -213,8 +213,7 @@ def launch(blocks: tuple[int, int, int], a: Operand, b: Operand, bias: torch.Ten
     b_ptrs, b_meta = kernel_args(b)
     out_arg = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     bm, bn, bk = blocks
-    tiles = cdiv(m, bm) * cdiv(n, bn)
-    scaled_mm_kernel[(tiles if flag is None else min(tiles, guard_programs(out.device)),)](
+    scaled_mm_kernel[guarded_grid((cdiv(m, bm) * cdiv(n, bn),), flag, out.device)](
         *a_ptrs, *b_ptrs, bias if bias is not None else out, out_arg, flag if flag is not None else out, m, n, k,
         *a_meta, *b_meta, b.tile_rows if b.kind == KIND_NVFP4 else 1,
         HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk, DOT=dot,
