@@ -146,11 +146,14 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
                     ) -> tuple[QuantizedTensor, QuantizedTensor]:
     """``quantize_dual``'s two copies as two quantizations (what a GPU runs for now). Where Triton quantizes both
     to NVFP4, their tensor amaxes come from one read of ``x``: one amax where neither takes the RHT (x's, whichever
-    way it is blocked), and with the RHT on one copy, its transform's and x's from one pass (``pair_amax``)."""
+    way it is blocked), and with the RHT on one copy, its transform's and x's from one pass
+    (``quantize_cols_triton.pair_amax``)."""
     fmt = get_format(fmt)
     amaxes = (None, None)
     if fmt is NVFP4 and not (rows.rht and cols.rht) and not _use_cpu_fused(x) and use_triton(
             x.device, quantize_supports(x)):
+        from autoprec.kernels.quantize_cols_triton import pair_amax
+
         for copy, axis in ((rows, 1), (cols, 0)):
             src, axis = copy.source(x, axis)
             check_quantize_args(src, fmt, axis, "rne", False, scale_mode)
@@ -167,24 +170,6 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
                         scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
 
     return one(rows, 1, amaxes[0]), one(cols, 0, amaxes[1])
-
-
-def pair_amax(x: torch.Tensor, rows: QuantCopy, cols: QuantCopy, rht_signs: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The NVFP4 tensor amax cells of a pair's copies of 2D ``x`` (at most one with the RHT) from one read: x's for
-    both, or the RHT copy's transform's (along its K, as it quantizes) beside x's for the other."""
-    from autoprec.kernels.quantize_cols_triton import launch_rht_amax
-    from autoprec.kernels.quantize_triton import _as_matrix, _rht_operand, nvfp4_amax
-
-    if not rows.rht and not cols.rht:
-        amax = nvfp4_amax(x, x, False)
-        return amax, amax
-    copy, axis = (rows, 1) if rows.rht else (cols, 0)
-    src, axis = copy.source(x, axis)
-    m = _as_matrix(src, axis)
-    cells = torch.zeros(2, device=x.device, dtype=torch.int32)
-    launch_rht_amax(m, _rht_operand(x, True, rht_signs), cells[:1], m.shape, m.stride(), plain=cells[1:])
-    return (cells[0], cells[1]) if rows.rht else (cells[1], cells[0])
 
 
 def transpose_tiles(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

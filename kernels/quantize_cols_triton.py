@@ -39,10 +39,13 @@ from autoprec.kernels.numerics_triton import (
 from autoprec.kernels.quantize_triton import (
     AMAX_PROGRAMS,
     KEY_ARGS,
+    _as_matrix,
     _grid,
+    _rht_operand,
     mxfp8_meta,
     nvfp4_amax,
 )
+from autoprec.kernels.quantized import QuantCopy
 from autoprec.kernels.slices_triton import join_slices, load_slices, rht16
 
 # (BR, BK, warps) a GPU tunes over: 16 or 32 NVFP4 elements per thread, 64 MXFP8 (at 32, one row of a block
@@ -239,6 +242,21 @@ def launch_rht_amax(x: torch.Tensor, mt: torch.Tensor, amax: torch.Tensor, shape
     tiles = cdiv(shape[0], tile["BR"]) * cdiv(shape[1], tile["BK"])
     _amax_rht_cols_kernel[(min(tiles, AMAX_PROGRAMS), amax.numel())](
         x, mt, amax, amax if plain is None else plain, *shape, *strides, s_b, PLAIN=plain is not None, **tile)
+
+
+def pair_amax(x: torch.Tensor, rows: QuantCopy, cols: QuantCopy, rht_signs: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NVFP4 tensor amax cells of a pair's copies of 2D ``x`` (at most one with the RHT) from one read: x's for
+    both, or the RHT copy's transform's (along its K, as it quantizes) beside x's for the other."""
+    if not rows.rht and not cols.rht:
+        amax = nvfp4_amax(x, x, False)
+        return amax, amax
+    copy, axis = (rows, 1) if rows.rht else (cols, 0)
+    src, axis = copy.source(x, axis)
+    m = _as_matrix(src, axis)
+    cells = torch.zeros(2, device=x.device, dtype=torch.int32)
+    launch_rht_amax(m, _rht_operand(x, True, rht_signs), cells[:1], m.shape, m.stride(), plain=cells[1:])
+    return (cells[0], cells[1]) if rows.rht else (cells[1], cells[0])
 
 
 @triton.jit

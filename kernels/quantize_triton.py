@@ -340,7 +340,7 @@ def quantize_triton(
     computes ``sr_bits(x.shape, seed)`` in the kernel (no pass over memory; a 3D tensor blocked along its
     middle dim materialises them). ``amax``: NVFP4's tensor amax cell of the values this quantization encodes (with
     the RHT, of their transform along ``axis``), already computed with the other copy's of a pair
-    (``dispatch.pair_amax``), so no amax pass runs."""
+    (``quantize_cols_triton.pair_amax``), so no amax pass runs."""
     if amax is not None and fmt is not NVFP4:
         raise ValueError(f"quantize_triton: a given amax is NVFP4's tensor amax, got {fmt.name}")
     axis = normalize_axis(axis, x.ndim)

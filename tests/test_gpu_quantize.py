@@ -118,7 +118,7 @@ def test_gpu_hardware_conversions_equal_the_integer_path(monkeypatch, fmt, round
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_gpu_dual_quantize_equals_two_references(monkeypatch, fmt, pair):
     """What a GPU runs for a pair (two quantizations; NVFP4's two tensor amaxes from one pass, with the RHT on one
-    copy too: ``dispatch.pair_amax``)."""
+    copy too: ``quantize_cols_triton.pair_amax``)."""
     x = edge_tensor(1024, 768).bfloat16()
     got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize_dual(t, fmt, *pair), x)
     assert_both_same(got, want)

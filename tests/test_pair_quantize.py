@@ -65,9 +65,10 @@ def test_copies_a_gpu_runs_share_the_tensor_amax(monkeypatch, a, b):
 @pytest.mark.parametrize("where", [(0, 0), (63, 95), (17, 40), (40, 17)])
 @pytest.mark.parametrize("rht_rows", [False, True], ids=["rht-cols", "rht-rows"])
 def test_pair_amax_reads_both_tensor_amaxes_at_once(monkeypatch, where, rht_rows):
-    """``pair_amax`` of a pair with the RHT on one copy: the bits of max|x| and of max|RHT(x)| along that copy's
-    K (over the finite values), wherever the largest value lies (first and last element, mid-block: each slice's
-    column counts), with 3 programs folding the 12 tiles of 16 x 32 (the interpreter's tile, set so here)."""
+    """``quantize_cols_triton.pair_amax`` of a pair with the RHT on one copy: the bits of max|x| and of max|RHT(x)|
+    along that copy's K (over the finite values), wherever the largest value lies (first and last element,
+    mid-block: each slice's column counts), with 3 programs folding the 12 tiles of 16 x 32 (the interpreter's
+    tile, set so here)."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     monkeypatch.setattr(quantize_cols_triton, "AMAX_PROGRAMS", 3)
     monkeypatch.setattr(quantize_cols_triton, "INTERPRETER_TILE", triton.Config({"BR": 16, "BK": 32}))
@@ -75,7 +76,7 @@ def test_pair_amax_reads_both_tensor_amaxes_at_once(monkeypatch, where, rht_rows
     x[where] = -20.0
     x[5, 5] = float("inf")
     copies = (QuantCopy(rht=True), QuantCopy()) if rht_rows else (QuantCopy(), QuantCopy(rht=True))
-    cells = dispatch.pair_amax(x, *copies, rht_signs(0))
+    cells = quantize_cols_triton.pair_amax(x, *copies, rht_signs(0))
     transformed = rht_ref(x, 1 if rht_rows else 0, rht_signs(0))  # the Inf's 16-group is not finite
     want = {False: x[x.isfinite()].abs().max(), True: transformed[transformed.isfinite()].abs().max()}
     for copy, cell in zip(copies, cells):
