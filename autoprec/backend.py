@@ -40,6 +40,7 @@ from autoprec.passes.calibrate import TAG, CalibratingInterpreter, GemmTag
 from autoprec.passes.classify_roles import classify_roles
 from autoprec.passes.find_matmuls import find_matmuls
 from autoprec.passes.gemms import GraphGemm, graph_gemms, key_seeds, path_key
+from autoprec.passes.graph_amax import graph_amaxes
 from autoprec.passes.group_sites import Site, group_sites
 from autoprec.passes.normalize_grouped import normalize_grouped
 from autoprec.passes.pair_quantize import pair_quantizations
@@ -248,6 +249,8 @@ class _Variant:
         runner.run("rewrite_matmuls", rewrite_matmuls, gm, by_node, infos, self.opts,
                    StepInput(self._step(gm), self.step_offset))
         runner.run("pair_quantizations", pair_quantizations, gm)
+        if self.opts.inner == "inductor":  # a reduction inductor may fuse into x's producer; eagerly, several kernels
+            runner.run("graph_amaxes", graph_amaxes, gm)
         for name, seconds in runner.timings.items():
             self.state.pass_seconds[name] = self.state.pass_seconds.get(name, 0.0) + seconds
 

@@ -123,8 +123,9 @@ def per_op(calls: int) -> None:
 
 def steps(layers: int = 8, timed: int = 20, experts: int = 0) -> None:
     """Milliseconds per forward + backward of a d=64 GPT (the op count of any width; ``experts``: MoE MLPs) under
-    inductor: unplanned (fp32), then each plan, with the number of quantizations, NVFP4 tensor amax passes and
-    block-scaled matmuls a step makes (a grouped quantization counts once), and of autoprec's Triton launches."""
+    inductor: unplanned (fp32), then each plan, with the number of quantizations, Triton NVFP4 tensor amax passes
+    (the graph computes those without the RHT: passes/graph_amax.py) and block-scaled matmuls a step makes (a grouped
+    quantization counts once), and of autoprec's Triton launches."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from gpt_model import TinyGPT, tokens
 

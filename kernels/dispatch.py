@@ -98,6 +98,7 @@ def quantize(
     rht_signs: torch.Tensor | None = None,
     rows: slice | torch.Tensor | None = None,
     batches: slice | None = None,
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` along ``axis`` (``quantize_ref``'s options), with the RHT along ``axis`` first
     when ``rht`` is set (fused into the Triton kernel).
@@ -106,8 +107,10 @@ def quantize(
     scales, tensor scale and SR bits; the fused CPU kernels then quantize only that part. ``rows`` (block
     axis one of the last two dims, 1-D blocks; a slice or an index tensor) indexes the other of the two:
     rows when blocking along the last dim, else columns. ``batches`` indexes the leading dim of a 3D
-    tensor (a batched product's operand)."""
+    tensor (a batched product's operand). ``amax``: NVFP4's tensor amax bits, computed already (``given_amax``);
+    the Triton quantizer takes them instead of its amax pass, the other paths (which find the same bits) do not."""
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
+    given_amax(amax, fmt, rht)
     if (rows is not None or batches is not None) and (x.ndim < 2 or axis % x.ndim < x.ndim - 2 or tile2d):
         raise ValueError(f"quantize(rows=..., batches=...) needs the block axis among the last two dims and 1-D "
                          f"blocks; got axis {axis} of shape {tuple(x.shape)}, tile2d={tile2d}")
@@ -119,17 +122,19 @@ def quantize(
 
         return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
                             rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches)
-    q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs)
+    q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs, amax)
     return _part_of(q, rows, batches) if part else q
 
 
 def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
-                  rht_signs: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
+                  rht_signs: torch.Tensor | None = None, amax: torch.Tensor | None = None
+                  ) -> tuple[QuantizedTensor, QuantizedTensor]:
     """Both copies of 2D ``x``: rowwise (blocks along dim 1) and columnwise (along dim 0), each the bytes
     ``quantize`` makes of its source (x, or x.t() for a copy with ``transposed_source``). The one-read Triton
     kernel runs in the interpreter (``AUTOPREC_KERNELS=triton``); elsewhere (CPU, a GPU for now, shapes it does
-    not take) they are two quantizations."""
+    not take) they are two quantizations. ``amax``: ``quantize``'s, for both copies."""
     fmt = get_format(fmt)
+    given_amax(amax, fmt, rows.rht or cols.rht)
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
     # A GPU runs the two single quantizers until the one-read kernel is checked there: on an H200 its gradient
     # pair failed a test that compared the copies' fields too, which the kernel then set otherwise than two
@@ -137,18 +142,19 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     if use_triton(x.device, problem) and x.device.type != "cuda":
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 
-        return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs)
-    return quantize_copies(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs=rht_signs)
+        return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs, amax=amax)
+    return quantize_copies(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs=rht_signs, amax=amax)
 
 
 def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: QuantCopy, *,
-                    scale_mode: str = "rceil", rht_signs: torch.Tensor | None = None
-                    ) -> tuple[QuantizedTensor, QuantizedTensor]:
+                    scale_mode: str = "rceil", rht_signs: torch.Tensor | None = None,
+                    amax: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
     """``quantize_dual``'s two copies as two quantizations (what a GPU runs for now). Where Triton quantizes both
     to NVFP4, their tensor amaxes come from one read of ``x``: one amax where neither takes the RHT (x's, whichever
-    way it is blocked), and with the RHT on one copy, its transform's and x's from one pass
-    (``quantize_cols_triton.pair_amax``)."""
+    way it is blocked; none given ``amax``, which it is), and with the RHT on one copy, its transform's and x's from
+    one pass (``quantize_cols_triton.pair_amax``)."""
     fmt = get_format(fmt)
+    given_amax(amax, fmt, rows.rht or cols.rht)
     amaxes = (None, None)
     if fmt is NVFP4 and not (rows.rht and cols.rht) and not _use_cpu_fused(x) and use_triton(
             x.device, quantize_supports(x)):
@@ -157,7 +163,7 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
         for copy, axis in ((rows, 1), (cols, 0)):
             src, axis = copy.source(x, axis)
             check_quantize_args(src, fmt, axis, "rne", False, scale_mode)
-        amaxes = pair_amax(x, rows, cols, rht_signs)
+        amaxes = (amax, amax) if amax is not None else pair_amax(x, rows, cols, rht_signs)
 
     def one(copy: QuantCopy, axis: int, amax: torch.Tensor | None) -> QuantizedTensor:
         src, axis = copy.source(x, axis)
@@ -170,6 +176,19 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
                         scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
 
     return one(rows, 1, amaxes[0]), one(cols, 0, amaxes[1])
+
+
+def given_amax(amax: torch.Tensor | None, fmt: Format, rht: bool) -> None:
+    """Check a quantization's given tensor amax (None: none given): NVFP4's, of the tensor itself (not of its RHT),
+    as the fp32 bits in one int32, the Triton quantizers' amax cell."""
+    if amax is None:
+        return
+    if fmt is not NVFP4 or rht:
+        raise ValueError(f"quantize(amax=...): a given amax is NVFP4's tensor amax of the tensor itself, "
+                         f"got format {fmt.name}{' with the RHT' if rht else ''}")
+    if amax.dtype != torch.int32 or amax.numel() != 1:
+        raise ValueError(f"quantize(amax=...) takes the fp32 bits of the amax in one int32, got {amax.dtype} "
+                         f"of shape {tuple(amax.shape)}")
 
 
 def transpose_tiles(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,7 +209,7 @@ def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
 
 
 def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepStream, rand, tile2d: bool,
-                    scale_mode: str, rht: bool, rht_signs) -> QuantizedTensor:
+                    scale_mode: str, rht: bool, rht_signs, amax: torch.Tensor | None) -> QuantizedTensor:
     """One quantization of the whole tensor; only the Triton kernels take a ``StepStream`` as it is (its step
     read on the device), the other paths read its value."""
     if rand is None and _use_cpu_fused(x):
@@ -204,7 +223,7 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
 
         stream = seed if rounding == "sr" and rand is None else None  # SR bits hashed in the kernel
         return quantize_triton(x, fmt, axis, rand=rand, seed=stream, tile2d=tile2d, scale_mode=scale_mode,
-                               rht=rht, rht_signs_=rht_signs)
+                               rht=rht, rht_signs_=rht_signs, amax=amax)
     if rounding == "sr" and rand is None:
         rand = sr_bits(x.shape, int(seed), x.device)
     if rht:

@@ -49,19 +49,22 @@ def _stored_shape(shape, axis: int) -> list:
 @_op()
 def quantize(
     x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool,
-    rht_seed: int, step: Tensor,
+    rht_seed: int, step: Tensor, amax: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8. With SR,
     the bits hash ``seed`` and ``step`` (the model's call counter when the forward ran: a
     backward quantization reads the step of its own forward, so each micro-batch draws fresh bits; a
-    ``StepStream``: a GPU kernel reads ``step`` where it lives). The RHT signs come from ``rht_seed``."""
+    ``StepStream``: a GPU kernel reads ``step`` where it lives). The RHT signs come from ``rht_seed``.
+    ``amax``: NVFP4 without the RHT, the int32 fp32 bits of max|x| over x's finite values, computed by the graph
+    (``passes/graph_amax.py``); the Triton quantizers take it instead of their own amax pass."""
     stream = StepStream(seed, step) if rounding == "sr" else seed
     return _parts(dispatch.quantize(x, fmt, axis, rounding=rounding, seed=stream, tile2d=tile2d,
-                                    scale_mode=scale_mode, rht=rht, rht_signs=rht_signs(rht_seed) if rht else None))
+                                    scale_mode=scale_mode, rht=rht, rht_signs=rht_signs(rht_seed) if rht else None,
+                                    amax=amax))
 
 
 @_fake(quantize)
-def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step):
+def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step, amax=None):
     return _quantized_like(x, fmt, axis, tile2d)
 
 
@@ -69,22 +72,24 @@ def _(x, fmt, axis, rounding, seed, tile2d, scale_mode, rht, rht_seed, step):
 def quantize_dual(
     x: Tensor, fmt: str, rounding_a: str, seed_a: int, rht_a: bool, transposed_a: bool,
     rounding_b: str, seed_b: int, rht_b: bool, transposed_b: bool, scale_mode: str, rht_seed: int, step: Tensor,
+    amax: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``quantize``'s parts of 2D ``x``'s rowwise copy (a: blocks along dim 1) then of its columnwise copy
     (b: along dim 0), from one read of ``x`` where the Triton kernel runs. Copy a (b) is the quantization
     ``quantize`` makes of x, or of x.t() where ``transposed_a`` (``transposed_b``): the op replaces two
-    such quantize nodes (passes/pair_quantize.py) and makes their bytes."""
+    such quantize nodes (passes/pair_quantize.py) and makes their bytes. ``amax`` as ``quantize``'s, for both
+    copies."""
     copies = [QuantCopy(StepStream(seed, step) if rounding == "sr" else None, rht, t)
               for rounding, seed, rht, t in ((rounding_a, seed_a, rht_a, transposed_a),
                                              (rounding_b, seed_b, rht_b, transposed_b))]
     signs = rht_signs(rht_seed) if rht_a or rht_b else None
-    qa, qb = dispatch.quantize_dual(x, fmt, *copies, scale_mode=scale_mode, rht_signs=signs)
+    qa, qb = dispatch.quantize_dual(x, fmt, *copies, scale_mode=scale_mode, rht_signs=signs, amax=amax)
     return (*_parts(qa), *_parts(qb))
 
 
 @_fake(quantize_dual)
 def _(x, fmt, rounding_a, seed_a, rht_a, transposed_a, rounding_b, seed_b, rht_b, transposed_b, scale_mode,
-      rht_seed, step):
+      rht_seed, step, amax=None):
     return (*_quantized_like(x, fmt, 1, False), *_quantized_like(x, fmt, 0, False))
 
 

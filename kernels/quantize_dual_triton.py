@@ -90,9 +90,12 @@ def _mxfp8_dual_kernel(x_ptr, m_ptr, R, K, s_r, s_k,
 
 
 def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: QuantCopy, *, scale_mode: str = "rceil",
-                         rht_signs_: torch.Tensor | None = None) -> tuple[QuantizedTensor, QuantizedTensor]:
+                         rht_signs_: torch.Tensor | None = None, amax: torch.Tensor | None = None
+                         ) -> tuple[QuantizedTensor, QuantizedTensor]:
     """The rowwise (blocks along dim 1) and columnwise (along dim 0) quantizations of 2D ``x`` from one read of
-    it (checked by ``dual_problem``), each as ``quantize`` returns its copy's source's (x or x.t())."""
+    it (checked by ``dual_problem``), each as ``quantize`` returns its copy's source's (x or x.t()). ``amax``:
+    NVFP4's tensor amax cell of x, both copies' where neither takes the RHT (``dispatch.given_amax``), so no amax
+    pass runs."""
     n_rows, k = x.shape
     m = _rht_operand(x, rows.rht or cols.rht, rht_signs_)
 
@@ -107,8 +110,11 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
     sides = dict(RHT_A=rows.rht, SR_A=rows.seed is not None, HASH_A=modes[0][0], RHT_B=cols.rht,
                  SR_B=cols.seed is not None, HASH_B=modes[1][0])
     if fmt is NVFP4:
-        amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax
-        _amax2_kernel[grid](x, m, amax, n_rows, k, x.stride(0), x.stride(1), RHT_A=rows.rht, RHT_B=cols.rht)
+        if amax is None:
+            amax = torch.zeros(2, device=x.device, dtype=torch.int32)  # fp32 bits of each copy's amax
+            _amax2_kernel[grid](x, m, amax, n_rows, k, x.stride(0), x.stride(1), RHT_A=rows.rht, RHT_B=cols.rht)
+        else:
+            amax = amax.reshape(1).expand(2)  # one cell, read by both copies
         codes = [torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8),
                  torch.empty(k, n_rows // 2, device=x.device, dtype=torch.uint8)]
         scales = [torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8),

@@ -225,3 +225,34 @@ class RecordedKernel:
     def __getitem__(self, grid):
         self.launches.append(grid)
         return self.kernel[grid]
+
+
+def stored_amax_bits(y: torch.Tensor) -> int:
+    """The fp32 bits of max|y| over y's finite values as stored (0 where none is)."""
+    y = y.float()
+    return torch.where(y.isfinite(), y.abs(), 0.0).max().view(torch.int32).item()
+
+
+def amax_edge_input(dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """Inputs whose GELU x 3 (computed in fp32, then stored in ``dtype``) has values that round to Inf in dtype
+    though finite in fp32, values just below, NaN, -Inf, a subnormal, negatives."""
+    h = torch.randn(64, 96, generator=torch.Generator().manual_seed(2)) * 1.5
+    big = torch.finfo(dtype).max
+    h[0, :8] = torch.tensor([big / 3 * 0.99999, big / 3, big / 2.9, float("nan"), -float("inf"), 1e-40, -5.0,
+                             big / 3.0005])
+    return h.to(device=device, dtype=dtype)
+
+
+def with_amax_bits(fn, h: torch.Tensor) -> torch.fx.GraphModule:
+    """``fn`` traced on ``h`` returning (x, ``passes.graph_amax.amax_bits`` of x)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from autoprec.passes.graph_amax import amax_bits
+
+    gm = make_fx(fn, tracing_mode="fake")(h)
+    out = next(iter(gm.graph.find_nodes(op="output")))
+    x = out.args[0]
+    with gm.graph.inserting_before(out):
+        out.args = ((x, amax_bits(gm.graph, x, x)),)
+    gm.recompile()
+    return gm

@@ -14,7 +14,7 @@ from autoprec.kernels.random_bits import sr_stream
 from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded, scaled_mm_decoded_triton
 
 from gpt_model import TinyGPT, tokens
-from helpers import to_device
+from helpers import amax_edge_input, stored_amax_bits, to_device, with_amax_bits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -330,6 +330,16 @@ def test_gpu_training_steps_match_the_cpu(fresh_dynamo, recipe, inner):
     for g, c in zip(gpu[1:], cpu[1:]):
         cos = torch.nn.functional.cosine_similarity(g.flatten(), c.flatten(), dim=0)
         assert cos > 0.99, f"gradient cosine {cos:.4f}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_graph_amax_bits_are_the_stored_tensors(fresh_dynamo, dtype):
+    """NVFP4's tensor amax as graph ops (passes/graph_amax.py) compiled by inductor's Triton codegen, which keeps a
+    value in fp32 until it stores it: the bits of max|x| over x's finite values as stored, values that round to
+    Inf in ``dtype`` left out."""
+    h = amax_edge_input(dtype, "cuda")
+    x, bits = torch.compile(with_amax_bits(lambda h: torch.nn.functional.gelu(h) * 3.0, h), backend="inductor")(h)
+    assert bits.item() == stored_amax_bits(x)
 
 
 def test_gpu_reduce_overhead_mode_captures_the_planned_step(fresh_dynamo):
