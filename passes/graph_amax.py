@@ -4,8 +4,9 @@ graph, instead of by the quantize op's own pass over the tensor.
 An NVFP4 quantization needs max|x| over the whole tensor before its first block is encoded, so the Triton
 quantizers read x twice: an amax pass (after zeroing its cell), then the quantize kernel. As ops of the graph,
 the amax is a reduction inductor compiles with the rest: where x comes from an inductor kernel (a GELU, a
-residual add, the backward of a norm), inductor fuses the reduction into that kernel, which then writes x and
-reduces it in one pass, and the quantize op reads x once. Elsewhere (a weight, a tensor an opaque op made) it is
+residual add, the backward of a norm), inductor can fuse the reduction into that kernel, which then writes x and
+reduces it in one pass, and the quantize op reads x once (or, as it may choose, one kernel of two loops, the
+reduction computing x again from the producer's inputs). Elsewhere (a weight, a tensor an opaque op made) it is
 one reduction of inductor's, launched as inductor launches its kernels, instead of a zeroing and a Triton launch.
 
 The ops work on the stored bits: ``max`` of ``bits & 0x7FF..`` over the finite values (bits below the format's
