@@ -122,6 +122,11 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.autoprec.scaled_mm.default, args)
     dual = (x, "nvfp4", "sr", 1, False, False, "sr", 2, True, True, "rceil", 0, STEP)
     torch.library.opcheck(torch.ops.autoprec.quantize_dual.default, dual)
+    amax = x.abs().max().view(torch.int32)  # the graph's amax bits (passes/graph_amax.py)
+    torch.library.opcheck(torch.ops.autoprec.quantize.default, (x, "nvfp4", 1, "sr", 3, False, "rceil", False, 0, STEP,
+                                                                amax))
+    dual = (x, "nvfp4", "rne", 0, False, False, "sr", 2, False, True, "rceil", 0, STEP, amax)
+    torch.library.opcheck(torch.ops.autoprec.quantize_dual.default, dual)
     tc, ts, _ = torch.ops.autoprec.quantize(x, "nvfp4", 1, "rne", 0, True, "rceil", False, 0, STEP)
     torch.library.opcheck(torch.ops.autoprec.transpose_tiles.default, (tc, ts))
     grouped = (torch.randn(10, 64), torch.randn(3, 64, 16), torch.tensor([3, 3, 10], dtype=torch.int32), "nvfp4",
