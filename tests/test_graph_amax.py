@@ -1,6 +1,6 @@
 """NVFP4's tensor amax as graph ops (passes/graph_amax.py): exactly the bits of max|x| over x's stored finite values,
-fused by inductor into the kernel producing x; the quantize ops given it make the bytes they make without it and
-launch no amax pass; compiled models keep their numbers bit for bit."""
+which inductor can fuse into the kernel producing x; the quantize ops given it make the bytes they make without it
+and launch no amax pass; compiled models keep their numbers bit for bit."""
 import pytest
 import torch
 import torch.nn.functional as F
