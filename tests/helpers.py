@@ -233,14 +233,26 @@ def stored_amax_bits(y: torch.Tensor) -> int:
     return torch.where(y.isfinite(), y.abs(), 0.0).max().view(torch.int32).item()
 
 
-def amax_edge_input(dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
-    """Inputs whose GELU x 3 (computed in fp32, then stored in ``dtype``) has values that round to Inf in dtype
-    though finite in fp32, values just below, NaN, -Inf, a subnormal, negatives."""
-    h = torch.randn(64, 96, generator=torch.Generator().manual_seed(2)) * 1.5
+def amax_edge_case(dtype: torch.dtype, device: str = "cpu") -> tuple:
+    """(fn, h): fn(h) = GELU(h) x 2.99, computed in fp32 and stored in ``dtype``, has a value finite in fp32 that
+    rounds to Inf in dtype (bf16, fp16), values just below, an fp32 Inf, NaN, -Inf, a subnormal, negatives."""
+    scale = 2.99
+
+    def fn(h: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(h) * scale
+
     big = torch.finfo(dtype).max
-    h[0, :8] = torch.tensor([big / 3 * 0.99999, big / 3, big / 2.9, float("nan"), -float("inf"), 1e-40, -5.0,
-                             big / 3.0005])
-    return h.to(device=device, dtype=dtype)
+    h = torch.randn(64, 96, generator=torch.Generator().manual_seed(2)) * 1.5
+    h[0, :6] = torch.tensor([big / scale * 0.99999, big / 2.9, float("nan"), -float("inf"), 1e-40, -5.0])
+    h = h.to(dtype)
+    if dtype != torch.float32:  # the dtype's values next to big / scale, whose product rounds to Inf in dtype
+        bits = torch.tensor([big / scale]).to(dtype).view(torch.int16) + torch.arange(-8, 9, dtype=torch.int16)
+        near = bits.view(dtype)
+        y = fn(near.float())
+        edge, below = near[torch.isfinite(y) & torch.isinf(y.to(dtype))], near[torch.isfinite(y.to(dtype))]
+        assert len(edge) and len(below), dtype
+        h[1, :2] = torch.stack([edge[0], below.max()])
+    return fn, h.to(device)
 
 
 def with_amax_bits(fn, h: torch.Tensor) -> torch.fx.GraphModule:

@@ -14,7 +14,7 @@ from autoprec.kernels.random_bits import sr_stream
 from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded, scaled_mm_decoded_triton
 
 from gpt_model import TinyGPT, tokens
-from helpers import amax_edge_input, stored_amax_bits, to_device, with_amax_bits
+from helpers import amax_edge_case, stored_amax_bits, to_device, with_amax_bits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -337,8 +337,8 @@ def test_gpu_graph_amax_bits_are_the_stored_tensors(fresh_dynamo, dtype):
     """NVFP4's tensor amax as graph ops (passes/graph_amax.py) compiled by inductor's Triton codegen, which keeps a
     value in fp32 until it stores it: the bits of max|x| over x's finite values as stored, values that round to
     Inf in ``dtype`` left out."""
-    h = amax_edge_input(dtype, "cuda")
-    x, bits = torch.compile(with_amax_bits(lambda h: torch.nn.functional.gelu(h) * 3.0, h), backend="inductor")(h)
+    fn, h = amax_edge_case(dtype, "cuda")
+    x, bits = torch.compile(with_amax_bits(fn, h), backend="inductor")(h)
     assert bits.item() == stored_amax_bits(x)
 
 
