@@ -31,8 +31,8 @@ import triton.language as tl
 
 from autoprec.formats import BF16
 from autoprec.kernels.launch import cdiv, guarded_grid
-from autoprec.kernels.operand import KIND_MXFP8, KIND_NVFP4, Operand, kernel_args
-from autoprec.kernels.scaled_mm_decoded import decode_pair
+from autoprec.kernels.operand import KIND_NVFP4, Operand, kernel_args
+from autoprec.kernels.scaled_mm_decoded import decode_pair, exactness_flag
 from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
 from autoprec.kernels.scaled_mm_triton import (
     DOT_FP32,
@@ -275,7 +275,7 @@ def _decoded(launch: Launch, a: Operand, b: Operand, out: torch.Tensor) -> torch
     """The product with both operands decoded to bf16 in memory first, then read as bf16 tiles; nothing is read on
     the host (MXFP8 values bf16 does not hold are found on the device, and the fp32 kernel recomputes the product
     in place)."""
-    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+    flag = exactness_flag(a, b)
     decoded = [Operand(BF16, values, None, None, op.rows, op.k) for op, values in zip((a, b), decode_pair(a, b, flag))]
     scales = _tensor_scales(a), _tensor_scales(b)
     launch(*decoded, *scales, out, bf16_dot(), BF16_BLOCKS, **BF16_OPTIONS)

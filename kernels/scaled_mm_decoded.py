@@ -110,6 +110,12 @@ def _epilogue_kernel(acc_ptr, a_ts, b_ts, bias_ptr, out_ptr, M, N, A_KIND: tl.co
                HAS_BIAS, OUT_BF16)
 
 
+def exactness_flag(a: Operand, b: Operand) -> torch.Tensor | None:
+    """The zeroed int32 device flag ``decode_pair`` sets where an MXFP8 operand's values are not exact in bf16 (the
+    product then recomputed in fp32); None where neither operand is MXFP8 (NVFP4 and bf16 values always are)."""
+    return torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+
+
 def decode_bf16(op: Operand, flag: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, K) bfloat16 values ``code · block scale`` of a quantized operand (NVFP4's tensor scale left out).
     Given ``flag`` (an int32 device scalar), sets it to 1 where a value is not exact in bf16 (MXFP8 only: NVFP4
@@ -236,7 +242,7 @@ def _exact(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.d
     """``product`` of the operands decoded to bf16 (a function of the two decoded tensors), made exact: with an
     MXFP8 operand the decode flags on the device any value bf16 does not hold, and the fp32 kernel then recomputes
     the product in place (its programs return at once while the flag is clear)."""
-    flag = torch.zeros(1, device=a.codes.device, dtype=torch.int32) if KIND_MXFP8 in (a.kind, b.kind) else None
+    flag = exactness_flag(a, b)
     out = product(*decode_pair(a, b, flag))
     if flag is not None:
         scaled_mm_triton(a, b, bias, out_dtype, out=out, flag=flag)

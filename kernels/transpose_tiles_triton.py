@@ -42,7 +42,7 @@ def _transpose_tiles_kernel(codes_ptr, scales_ptr, out_codes_ptr, out_scales_ptr
 
 
 def transpose_tiles_triton(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.transpose_tiles_ref`` of contiguous uint8 ``codes`` (R, K/2) and ``scales`` (R/16, K/16)."""
+    """``nvfp4_ref.transpose_tiles_ref`` of contiguous uint8 ``codes`` (R, K/2) and ``scales`` (R/16, K/16)."""
     rows, k = codes.shape[0], 2 * codes.shape[1]
     out_codes = torch.empty(k, rows // 2, device=codes.device, dtype=torch.uint8)
     out_scales = torch.empty(scales.shape[1], scales.shape[0], device=scales.device, dtype=torch.uint8)
