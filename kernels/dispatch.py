@@ -107,10 +107,10 @@ def quantize(
     scales, tensor scale and SR bits; the fused CPU kernels then quantize only that part. ``rows`` (block
     axis one of the last two dims, 1-D blocks; a slice or an index tensor) indexes the other of the two:
     rows when blocking along the last dim, else columns. ``batches`` indexes the leading dim of a 3D
-    tensor (a batched product's operand). ``amax``: NVFP4's tensor amax bits, computed already (``given_amax``);
+    tensor (a batched product's operand). ``amax``: NVFP4's tensor amax bits, computed already (``check_amax``);
     the Triton quantizer takes them instead of its amax pass, the other paths (which find the same bits) do not."""
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
-    given_amax(amax, fmt, rht)
+    check_amax(amax, fmt, rht)
     if (rows is not None or batches is not None) and (x.ndim < 2 or axis % x.ndim < x.ndim - 2 or tile2d):
         raise ValueError(f"quantize(rows=..., batches=...) needs the block axis among the last two dims and 1-D "
                          f"blocks; got axis {axis} of shape {tuple(x.shape)}, tile2d={tile2d}")
@@ -134,7 +134,6 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     kernel runs in the interpreter (``AUTOPREC_KERNELS=triton``); elsewhere (CPU, a GPU for now, shapes it does
     not take) they are two quantizations. ``amax``: ``quantize``'s, for both copies."""
     fmt = get_format(fmt)
-    given_amax(amax, fmt, rows.rht or cols.rht)
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
     # A GPU runs the two single quantizers until the one-read kernel is checked there: on an H200 its gradient
     # pair failed a test that compared the copies' fields too, which the kernel then set otherwise than two
@@ -142,6 +141,7 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     if use_triton(x.device, problem) and x.device.type != "cuda":
         from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
 
+        check_amax(amax, fmt, rows.rht or cols.rht)  # (quantize_copies checks its own)
         return quantize_dual_triton(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs_=rht_signs, amax=amax)
     return quantize_copies(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs=rht_signs, amax=amax)
 
@@ -154,7 +154,7 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
     way it is blocked; none given ``amax``, which it is), and with the RHT on one copy, its transform's and x's from
     one pass (``quantize_cols_triton.pair_amax``)."""
     fmt = get_format(fmt)
-    given_amax(amax, fmt, rows.rht or cols.rht)
+    check_amax(amax, fmt, rows.rht or cols.rht)
     amaxes = (None, None)
     if fmt is NVFP4 and not (rows.rht and cols.rht) and not _use_cpu_fused(x) and use_triton(
             x.device, quantize_supports(x)):
@@ -178,7 +178,7 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
     return one(rows, 1, amaxes[0]), one(cols, 0, amaxes[1])
 
 
-def given_amax(amax: torch.Tensor | None, fmt: Format, rht: bool) -> None:
+def check_amax(amax: torch.Tensor | None, fmt: Format, rht: bool) -> None:
     """Check a quantization's given tensor amax (None: none given): NVFP4's, of the tensor itself (not of its RHT),
     as the fp32 bits in one int32, the Triton quantizers' amax cell."""
     if amax is None:

@@ -94,7 +94,7 @@ def quantize_dual_triton(x: torch.Tensor, fmt: Format, rows: QuantCopy, cols: Qu
                          ) -> tuple[QuantizedTensor, QuantizedTensor]:
     """The rowwise (blocks along dim 1) and columnwise (along dim 0) quantizations of 2D ``x`` from one read of
     it (checked by ``dual_problem``), each as ``quantize`` returns its copy's source's (x or x.t()). ``amax``:
-    NVFP4's tensor amax cell of x, both copies' where neither takes the RHT (``dispatch.given_amax``), so no amax
+    NVFP4's tensor amax cell of x, both copies' where neither takes the RHT (``dispatch.check_amax``), so no amax
     pass runs."""
     n_rows, k = x.shape
     m = _rht_operand(x, rows.rht or cols.rht, rht_signs_)

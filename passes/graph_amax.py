@@ -55,13 +55,23 @@ def graph_amaxes(gm: fx.GraphModule) -> int:
     return done
 
 
+def op_args(q: fx.Node) -> dict:
+    """Quantize(_dual) node ``q``'s arguments by their names in the op's schema."""
+    return dict(zip((arg.name for arg in q.target._schema.arguments), q.args))
+
+
+def takes_rht(q: fx.Node) -> bool:
+    """Whether quantize(_dual) node ``q`` takes the RHT on a copy."""
+    args = op_args(q)
+    return any(args.get(name, False) for name in ("rht", "rht_a", "rht_b"))
+
+
 def _takes_graph_amax(q: fx.Node) -> bool:
     """Whether quantize(_dual) node ``q`` quantizes to NVFP4 without the RHT a tensor whose amax the Triton
-    quantizer would take in its own pass."""
-    x = q.args[0].meta["val"]
-    rht = q.args[7] if q.target is QUANTIZE else q.args[4] or q.args[8]
-    given = len(q.args) == len(q.target._schema.arguments)  # amax, the last argument, passed already
-    if get_format(q.args[1]) is not NVFP4 or rht or given:
+    quantizer would take in its own pass (and has no amax yet)."""
+    args = op_args(q)
+    x = args["x"].meta["val"]
+    if get_format(args["fmt"]) is not NVFP4 or takes_rht(q) or "amax" in args:
         return False
     sized = isinstance(x.numel(), int) and x.numel() > 0  # a symbolic size may be 0 at run time
     return sized and quantize_dtype_problem(x.dtype) is None and use_triton(x.device, None)

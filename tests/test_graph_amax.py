@@ -9,7 +9,7 @@ from autoprec import backend
 from autoprec.kernels import dispatch, quantize_dual_triton, quantize_triton
 from autoprec.kernels.ops import quantize, quantize_dual
 from autoprec.kernels.quantized import QuantCopy
-from autoprec.passes.graph_amax import QUANTIZE, QUANTIZE_DUAL
+from autoprec.passes.graph_amax import QUANTIZE, QUANTIZE_DUAL, op_args, takes_rht
 
 from gpt_model import TinyGPT, tokens
 from helpers import RecordedKernel, amax_edge_case, bits_equal, edge_tensor, stored_amax_bits, with_amax_bits
@@ -107,9 +107,8 @@ def test_compiled_steps_take_graph_amaxes_bit_for_bit(monkeypatch, recipe):
     monkeypatch.setattr(backend, "graph_amaxes", lambda gm: graphs.append(gm) or amaxes(gm))
     loss, grads = _compiled_step(recipe, "inductor")
     quantizations = [n for g in graphs for n in g.graph.nodes if n.target in (QUANTIZE, QUANTIZE_DUAL)]
-    rht = {n: n.args[7] if n.target is QUANTIZE else n.args[4] or n.args[8] for n in quantizations}
-    given = {n: len(n.args) == len(n.target._schema.arguments) for n in quantizations}
-    assert quantizations and all(given[n] != rht[n] for n in quantizations)
+    rht = {n: takes_rht(n) for n in quantizations}
+    assert quantizations and all(("amax" in op_args(n)) != rht[n] for n in quantizations)
     assert any(rht.values()) == (recipe == "nvfp4_nvidia")
     torch._dynamo.reset()
     monkeypatch.setattr(backend, "graph_amaxes", lambda gm: 0)

@@ -121,8 +121,8 @@ def test_sm90_decode_is_exact_code_times_block_scale(fmt, tile_rows):
 def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt_a, fmt_b, tile_rows):
     """``decode_pair`` decodes A (150 rows) and B (48 rows: fewer row tiles, partial ones) in one launch, formats
     alike (one body) or apart (16x16 tiles too: a branch each), each bit for bit its own ``decode_bf16``; a bf16
-    operand is its values, not decoded. The
-    flag is set by an MXFP8 operand's values bf16 does not hold, whichever side it is on."""
+    operand is its values, not decoded. The flag is set by an MXFP8 operand's values bf16 does not hold, whichever
+    side it is on."""
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randn(150, 96, generator=gen), torch.randn(96, 48, generator=gen)
     b[:, 7] *= 2.0**-126  # a block of B's whose MXFP8 values sit below bf16's normal range
@@ -142,7 +142,6 @@ def test_sm90_decode_pair_is_one_launch_of_each_operands_decode(monkeypatch, fmt
         want = op.codes if op.kind == KIND_BF16 else decode_bf16(op)
         assert got.dtype == torch.bfloat16 and bits_equal(got.cpu(), want.cpu())
     assert (da is ops[0].codes) == (fmt_a == "bf16")
-
 
 
 @pytest.fixture
