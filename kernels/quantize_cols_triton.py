@@ -96,7 +96,7 @@ def _store_joined(ptr, rows, R, c0, row_len, values, n: tl.constexpr):
     bytes per row) as one joined [BR, NB, n] store, masked to the matrix's bytes."""
     cols = c0[:, None] + tl.arange(0, n)[None, :]
     mask = (rows < R)[:, None, None] & (cols < row_len)[None, :, :]
-    tl.store(ptr + rows.to(tl.int64)[:, None, None] * row_len + cols[None, :, :], join_slices(values, 0, 1, n),
+    tl.store(ptr + rows.to(tl.int64)[:, None, None] * row_len + cols[None, :, :], join_slices(values, n),
              mask=mask)
 
 

@@ -85,7 +85,7 @@ def _load_tile(x_ptr, m_ptr, rows, col0, R, K, s_r, s_k, BR: tl.constexpr, BK: t
     the tile's 16 slices, then joined)."""
     nb = tl.arange(0, BK // 16)
     if RHT:
-        return join_slices(load_slices(x_ptr, m_ptr, rows, col0 + nb * 16, R, K, s_r, s_k, 16, True), 0, 1, 16)
+        return join_slices(load_slices(x_ptr, m_ptr, rows, col0 + nb * 16, R, K, s_r, s_k, 16, True), 16)
     cols = col0 + nb[:, None] * 16 + tl.arange(0, 16)[None, :]
     mask = (rows < R)[:, None, None] & (cols < K)[None, :, :]
     r64 = rows.to(tl.int64)  # element offsets in int64: a tensor (or a strided view) may span 2**31 elements

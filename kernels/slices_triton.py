@@ -33,14 +33,21 @@ def rht16(xs, m_ptr, g: tl.constexpr):
 
 
 @triton.jit
-def join_slices(xs, lo: tl.constexpr, step: tl.constexpr, n: tl.constexpr):
-    """[BR, NB, n] of the n slices ``xs[lo], xs[lo + step], ...`` in that order, joined in-thread (call with lo 0,
-    step 1)."""
-    if n == 1:
-        return tl.expand_dims(xs[lo], 2)
-    else:
-        j = tl.join(join_slices(xs, lo, 2 * step, n // 2), join_slices(xs, lo + step, 2 * step, n // 2))
-        return tl.reshape(j, (j.shape[0], j.shape[1], n))
+def join_slices(xs, n: tl.constexpr):
+    """[BR, NB, n] of the first n slices of ``xs`` in their order, joined in-thread: each round joins slice
+    group j with group j + half (half the groups left), so the first round's choice ends up the index's high bit.
+    Not recursive: Triton 3.4 (torch 2.8's) hashes a self-calling jit function forever, a RecursionError before
+    any kernel calling it compiles."""
+    ts = ()
+    for j in tl.static_range(n):
+        ts = ts + (tl.expand_dims(xs[j], 2),)
+    for level in tl.static_range(n.bit_length() - 1):
+        joined = ()
+        for j in tl.static_range(n >> (level + 1)):
+            t = tl.join(ts[j], ts[j + (n >> (level + 1))])
+            joined = joined + (tl.reshape(t, (t.shape[0], t.shape[1], 2 << level)),)
+        ts = joined
+    return ts[0]
 
 
 @triton.jit

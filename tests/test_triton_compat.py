@@ -1,0 +1,65 @@
+"""The Triton kernels stay compilable by the Triton releases the torch floor ships with (3.4 for torch 2.8, 3.5 for
+2.9): Triton 3.4 hashes a jit function's callees without remembering those it is already hashing, so a jit function
+reaching itself through its calls (``join_slices`` once joined its halves by calling itself) made every kernel using
+it fail with a RecursionError before compiling. Triton 3.5 on, the tests' 3.9 too, do not fail there, so the call
+graph is checked here instead."""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+import autoprec.kernels as kernels  # noqa: E402
+
+JIT = (JITFunction, InterpretedFunction)  # what triton.jit makes, compiling or (TRITON_INTERPRET, the tests') not
+
+
+def jit_functions() -> dict[str, JITFunction | InterpretedFunction]:
+    """Every jit function defined in autoprec.kernels, by module-qualified name (autotuned kernels unwrapped)."""
+    found = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"autoprec.kernels.{info.name}")
+        for value in vars(module).values():
+            fn = value
+            while not isinstance(fn, JIT) and hasattr(fn, "fn"):
+                fn = fn.fn
+            if isinstance(fn, JIT) and fn.fn.__module__ == module.__name__:
+                found[f"{module.__name__}.{fn.fn.__name__}"] = fn
+    return found
+
+
+def callees(fn: JITFunction | InterpretedFunction, by_object: dict[int, str]) -> set[str]:
+    """The jit functions ``fn``'s body names (globals of its module that are jit functions)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    scope = fn.fn.__globals__
+    return {by_object[id(scope[n])] for n in names if n in scope and id(scope[n]) in by_object}
+
+
+def test_no_triton_jit_function_reaches_itself():
+    functions = jit_functions()
+    assert len(functions) > 50 and any(name.endswith(".join_slices") for name in functions)
+    by_object = {id(fn): name for name, fn in functions.items()}
+    graph = {name: callees(fn, by_object) for name, fn in functions.items()}
+    assert "autoprec.kernels.slices_triton.join_slices" in graph["autoprec.kernels.quantize_triton._load_tile"]
+
+    def reaches(start: str) -> bool:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name == start:
+                return True
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
+        return False
+
+    assert [name for name in graph if reaches(name)] == []
