@@ -34,20 +34,55 @@ def rht16(xs, m_ptr, g: tl.constexpr):
 
 @triton.jit
 def join_slices(xs, n: tl.constexpr):
-    """[BR, NB, n] of the first n slices of ``xs`` in their order, joined in-thread: each round joins slice
-    group j with group j + half (half the groups left), so the first round's choice ends up the index's high bit.
-    Not recursive: Triton 3.4 (torch 2.8's) hashes a self-calling jit function forever, a RecursionError before
-    any kernel calling it compiles."""
-    ts = ()
-    for j in tl.static_range(n):
-        ts = ts + (tl.expand_dims(xs[j], 2),)
-    for level in tl.static_range(n.bit_length() - 1):
-        joined = ()
-        for j in tl.static_range(n >> (level + 1)):
-            t = tl.join(ts[j], ts[j + (n >> (level + 1))])
-            joined = joined + (tl.reshape(t, (t.shape[0], t.shape[1], 2 << level)),)
-        ts = joined
-    return ts[0]
+    """[BR, NB, n] of the first n slices of ``xs`` (n = 1, 2, 4, ..., 32) in their order, joined in-thread: the even
+    slices' join beside the odd ones', each made the same way. One function per size, not a recursion: Triton 3.4
+    (torch 2.8's) hashes a self-calling jit function forever, a RecursionError before any kernel calling it
+    compiles."""
+    if n == 32:
+        return _join32(xs, 0, 1)
+    elif n == 16:
+        return _join16(xs, 0, 1)
+    elif n == 8:
+        return _join8(xs, 0, 1)
+    elif n == 4:
+        return _join4(xs, 0, 1)
+    elif n == 2:
+        return _join2(xs, 0, 1)
+    else:
+        return tl.expand_dims(xs[0], 2)
+
+
+@triton.jit
+def _interleave(even, odd):
+    """[BR, NB, 2m] of two [BR, NB, m] joins, element 2i from ``even``'s i, 2i + 1 from ``odd``'s."""
+    j = tl.join(even, odd)
+    return tl.reshape(j, (j.shape[0], j.shape[1], 2 * j.shape[2]))
+
+
+@triton.jit
+def _join2(xs, lo: tl.constexpr, step: tl.constexpr):
+    """Slices ``xs[lo]``, ``xs[lo + step]`` as [BR, NB, 2]."""
+    return _interleave(tl.expand_dims(xs[lo], 2), tl.expand_dims(xs[lo + step], 2))
+
+
+@triton.jit
+def _join4(xs, lo: tl.constexpr, step: tl.constexpr):
+    return _interleave(_join2(xs, lo, 2 * step), _join2(xs, lo + step, 2 * step))
+
+
+@triton.jit
+def _join8(xs, lo: tl.constexpr, step: tl.constexpr):
+    return _interleave(_join4(xs, lo, 2 * step), _join4(xs, lo + step, 2 * step))
+
+
+@triton.jit
+def _join16(xs, lo: tl.constexpr, step: tl.constexpr):
+    return _interleave(_join8(xs, lo, 2 * step), _join8(xs, lo + step, 2 * step))
+
+
+@triton.jit
+def _join32(xs, lo: tl.constexpr, step: tl.constexpr):
+    return _interleave(_join16(xs, lo, 2 * step), _join16(xs, lo + step, 2 * step))
 
 
 @triton.jit
