@@ -49,6 +49,7 @@ def join_slices(xs, n: tl.constexpr):
     elif n == 2:
         return _join2(xs, 0, 1)
     else:
+        tl.static_assert(n == 1, "join_slices joins 1, 2, 4, 8, 16 or 32 slices")
         return tl.expand_dims(xs[0], 2)
 
 
