@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install autoprec with its test and Triton extras; on a machine without torch, the CPU torch 2.13.0 first. A torch
-# older than pyproject.toml's floor (2.8) stops it: pip would otherwise replace it with the newest torch, on most
+# older than pyproject.toml's floor (2.11) stops it: pip would otherwise replace it with the newest torch, on most
 # machines a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --quiet --root-user-action=ignore torch==2.13.0
-elif ! python -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 8))"; then
+elif ! python -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))"; then
   echo "scripts/setup.sh: this python has torch $(python -c 'import torch; print(torch.__version__)'), and autoprec" \
-    "needs torch 2.8 or later (pyproject.toml's dependencies): upgrade it (the tests use torch==2.13.0)," \
+    "needs torch 2.11 or later (pyproject.toml's dependencies): upgrade it (the tests use torch==2.13.0)," \
     "or run this in a fresh virtual environment" >&2
   exit 1
 fi

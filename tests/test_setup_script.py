@@ -29,15 +29,15 @@ def run_setup(tmp_path: Path, torch_version: str | None) -> subprocess.Completed
                           timeout=120)
 
 
-@pytest.mark.parametrize("version", ["2.7.1+cu126", "2.6.0", "1.13.1"])
+@pytest.mark.parametrize("version", ["2.10.0+cu128", "2.8.0", "1.13.1"])
 def test_setup_stops_on_a_torch_below_the_floor(tmp_path, version):
     out = run_setup(tmp_path, version)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"torch {version}" in out.stderr and "needs torch 2.8 or later" in out.stderr
+    assert f"torch {version}" in out.stderr and "needs torch 2.11 or later" in out.stderr
     assert "pip" not in out.stdout  # nothing installed, torch not replaced
 
 
-@pytest.mark.parametrize("version", ["2.8.0", "2.10.0a0+git1234", "2.13.0+cpu"])
+@pytest.mark.parametrize("version", ["2.11.0", "2.12.0a0+git1234", "2.13.0+cpu"])
 def test_setup_installs_autoprec_beside_a_torch_at_or_above_the_floor(tmp_path, version):
     out = run_setup(tmp_path, version)
     assert out.returncode == 0, out.stderr

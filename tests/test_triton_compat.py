@@ -1,8 +1,8 @@
-"""The Triton kernels stay compilable by the Triton releases the torch floor ships with (3.4 for torch 2.8, 3.5 for
-2.9): Triton 3.4 hashes a jit function's callees without remembering those it is already hashing, so a jit function
-reaching itself through its calls (``join_slices`` once joined its halves by calling itself) made every kernel using
-it fail with a RecursionError before compiling. Triton 3.5 on, the tests' 3.9 too, do not fail there, so the call
-graph is checked here instead."""
+"""The Triton kernels stay compilable by Triton releases older than the floor's 3.6 too (3.4 is torch 2.8's): Triton
+3.4 hashes a jit function's callees without remembering those it is already hashing, so a jit function reaching
+itself through its calls (``join_slices`` once joined its halves by calling itself) made every kernel using it fail
+with a RecursionError before compiling. Triton 3.5 on, the tests' 3.9 too, do not fail there, so the call graph is
+checked here instead."""
 from __future__ import annotations
 
 import ast
