@@ -179,23 +179,17 @@ def _cublas_rounds(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype:
 @contextlib.contextmanager
 def fp32_split_k_sums():
     """torch's ``allow_bf16_reduced_precision_reduction`` off inside (its split-K setting kept), restored after:
-    cuBLAS then adds a bf16 GEMM's split-K partial sums in fp32, so its one rounding is of an fp32 accumulator.
-    torch before 2.10 has the flag alone (a bool, no split-K setting), which is set the same way."""
+    cuBLAS then adds a bf16 GEMM's split-K partial sums in fp32, so its one rounding is of an fp32 accumulator."""
     matmul = torch.backends.cuda.matmul
     if not matmul.allow_bf16_reduced_precision_reduction:
         yield
         return
-    try:
-        split_k = matmul.allow_bf16_reduced_precision_reduction_split_k
-    except AttributeError:  # torch < 2.10
-        off, on = False, True
-    else:
-        off, on = (False, split_k), (True, split_k)
-    matmul.allow_bf16_reduced_precision_reduction = off
+    split_k = matmul.allow_bf16_reduced_precision_reduction_split_k
+    matmul.allow_bf16_reduced_precision_reduction = (False, split_k)
     try:
         yield
     finally:
-        matmul.allow_bf16_reduced_precision_reduction = on
+        matmul.allow_bf16_reduced_precision_reduction = (True, split_k)
 
 
 def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,

@@ -156,37 +156,6 @@ def bf16_reduction(request):
     matmul.allow_bf16_reduced_precision_reduction = saved
 
 
-class _BoolOnlyMatmul:
-    """torch.backends.cuda.matmul as torch before 2.10 has it: ``allow_bf16_reduced_precision_reduction`` a bool
-    (a tuple refused), no split-K setting."""
-
-    def __init__(self, allow: bool):
-        self._allow = allow
-
-    @property
-    def allow_bf16_reduced_precision_reduction(self) -> bool:
-        return self._allow
-
-    @allow_bf16_reduced_precision_reduction.setter
-    def allow_bf16_reduced_precision_reduction(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"expected a bool, got {value!r}")
-        self._allow = value
-
-
-@pytest.mark.parametrize("allow", [True, False])
-def test_fp32_split_k_sums_on_a_torch_without_the_split_k_setting(monkeypatch, allow):
-    """Before torch 2.10 the bf16 reduction flag is one bool: ``fp32_split_k_sums`` turns it off inside and puts it
-    back after, an error inside too."""
-    matmul = _BoolOnlyMatmul(allow)
-    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
-    with decoded_module.fp32_split_k_sums():
-        assert matmul.allow_bf16_reduced_precision_reduction is False
-    with pytest.raises(RuntimeError, match="inside"), decoded_module.fp32_split_k_sums():
-        raise RuntimeError("inside")
-    assert matmul.allow_bf16_reduced_precision_reduction is allow
-
-
 @pytest.mark.parametrize("bf16_reduction", [(True, True), (False, True), (False, False)],
                          ids=["torch_default", "bf16_sums_off", "split_k_off"], indirect=True)
 def test_decoded_mxfp8_to_bf16_is_cublas_rounding_its_fp32_sums(monkeypatch, bf16_reduction):
