@@ -9,7 +9,8 @@ transposed). The GEMM writes fp32 without bias (torch's rule for an fp32 output)
 and the result rounded once, as the reference does. It equals the reference up to fp32 accumulation order.
 
 Not run on a Blackwell part yet: the tests check the arguments against torch's documented contract (dtypes,
-layouts, scale sizes and swizzle) with a stand-in that decodes them.
+layouts, scale sizes and swizzle) with a stand-in that decodes them, and against torch's own checks of
+``torch._scaled_mm_v2`` (its meta function) on fake CUDA tensors.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def row_scales(scales: torch.Tensor, tile_rows: int, rows: int) -> torch.Tensor:
     """uint8 block scales (..., rows or row tiles, blocks) with one row per operand row: a 16x16 tile's scale given
     to each of its rows."""
     scales = scales.view(torch.uint8)
-    return scales if tile_rows == 1 else scales.repeat_interleave(tile_rows, -2)[..., :rows, :]
+    return scales if tile_rows == 1 else scales.repeat_interleave(tile_rows, -2).narrow(-2, 0, rows)
 
 
 def block_scales(op: Operand) -> torch.Tensor:

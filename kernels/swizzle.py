@@ -9,20 +9,19 @@ column c sits at ``(r mod 32)·16 + (r div 32)·4 + c``: four 32-row bands inter
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 TILE_ROWS, TILE_COLS, BAND = 128, 4, 32
 
 
 def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
-    """The flat SWIZZLE_32_4_4 layout of a 2D scale matrix (any dtype; padding is zeros)."""
+    """The flat SWIZZLE_32_4_4 layout of a 2D scale matrix (any dtype that holds zero, the padding: E8M0 scales go
+    as uint8), a padded copy read in the tile order (two kernels on a GPU)."""
     if scales.ndim != 2:
         raise ValueError(f"swizzle_scales needs a 2D (rows, cols) scale matrix, got shape {tuple(scales.shape)}")
     rows, cols = scales.shape
     row_tiles, col_tiles = -(-rows // TILE_ROWS), -(-cols // TILE_COLS)
-    r = torch.arange(rows, device=scales.device)[:, None]
-    c = torch.arange(cols, device=scales.device)[None, :]
-    tile = (r // TILE_ROWS) * col_tiles + c // TILE_COLS
-    within = (r % BAND) * (BAND // 2) + (r % TILE_ROWS) // BAND * TILE_COLS + c % TILE_COLS
-    out = scales.new_zeros(row_tiles * col_tiles * TILE_ROWS * TILE_COLS)
-    out[(tile * TILE_ROWS * TILE_COLS + within).flatten()] = scales.flatten()
-    return out
+    padded = F.pad(scales, (0, col_tiles * TILE_COLS - cols, 0, row_tiles * TILE_ROWS - rows))
+    # (row tile, band, row in band, column tile, column) -> (row tile, column tile, row in band, band, column)
+    bands = padded.view(row_tiles, TILE_ROWS // BAND, BAND, col_tiles, TILE_COLS)
+    return bands.permute(0, 3, 2, 1, 4).flatten()

@@ -1,12 +1,17 @@
 """The sm_100 native path: the arguments ``scaled_mm_native`` gives ``torch.nn.functional.scaled_mm``, checked
 against torch's contract for cuBLAS's block-scaled GEMM (dtypes, B column-major, swizzled scale sizes,
-recipes, fp32 output without bias) by a stand-in that decodes them; and which path ``gemm_path`` picks."""
+recipes, fp32 output without bias) by a stand-in that decodes them, and by torch's own meta checks on fake CUDA
+tensors; and which path ``gemm_path`` picks."""
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoprec.kernels import dispatch
-from autoprec.kernels.operand import as_operand
+from autoprec.kernels import scaled_mm_native as native
+from autoprec.kernels.operand import Operand, as_operand
 from autoprec.kernels.scaled_mm_native import native_problem, scaled_mm_native
 
 from helpers import decode_swizzled
@@ -63,6 +68,33 @@ def test_sm100_native_arguments_follow_torch_contract_and_match_the_reference(mo
     assert got.dtype == out_dtype and got.shape == (72, 48)
     torch.testing.assert_close(got.float(), want.to(out_dtype).float(), rtol=1e-2 if out_dtype == torch.bfloat16
                                else 1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def on_fake_cuda(mode: FakeTensorMode, op: Operand) -> Operand:
+    """``op`` with its tensors as fake tensors on a CUDA device (their sizes, strides and dtypes; no data, no GPU)."""
+    def fake(t: torch.Tensor | None) -> torch.Tensor | None:
+        meta = None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        return None if t is None else FakeTensor(mode, meta, torch.device("cuda", 0))
+    return replace(op, codes=fake(op.codes), scales=fake(op.scales), tensor_scale=fake(op.tensor_scale))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sm100_native_arguments_pass_torch_meta_checks(monkeypatch, case):
+    """torch's own checks of ``torch._scaled_mm_v2`` (its meta function, which the fake tensors run: fp8 / fp4
+    dtypes, A row-major and B column-major on a CUDA device, sizes divisible by 16, the recipes, scale dtypes and
+    swizzled scale counts) pass the arguments ``scaled_mm_native`` builds from CUDA operands; scales left
+    unswizzled do not, so the checks bite."""
+    fa, fb, tiles = CASES[case]
+    a = as_operand(dispatch.quantize(torch.randn(72, 160), fa, 1), 1, "a")  # M, K padded to 128 x 4 scale tiles
+    b = as_operand(dispatch.quantize(torch.randn(160, 48), fb, 0, tile2d=tiles), 0, "b")
+    mode = FakeTensorMode()
+    with mode:
+        bias = FakeTensor(mode, torch.empty(48, device="meta"), torch.device("cuda", 0))
+        out = scaled_mm_native(on_fake_cuda(mode, a), on_fake_cuda(mode, b), bias, torch.bfloat16)
+    assert out.shape == (72, 48) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+    monkeypatch.setattr(native, "swizzle_scales", lambda scales: scales.flatten())
+    with mode, pytest.raises(RuntimeError, match="scale_a must have"):
+        scaled_mm_native(on_fake_cuda(mode, a), on_fake_cuda(mode, b), None, torch.bfloat16)
 
 
 def operands(fa: str, fb: str, n: int = 48, k: int = 64):
