@@ -142,10 +142,11 @@ def test_ptx_sm90_and_sm100_quantizers_round_to_nearest_with_the_hardware_conver
     (``launch.hardware_fp8``: MXFP8 from sm_89, ``round_and_encode_fp8``; ``launch.nvfp4_hardware``: NVFP4's E4M3
     block scales from sm_89, ``nvfp4_block_scales``, with SR too, and its E2M1 elements from sm_100, ``e2m1_pair``):
     the row quantizers as launched and a weight's column copy (dgrad's, in slices). At 32 elements per thread a
-    row quantizer then takes at most 0.8x the SASS instructions per element of the same kernel rounding in
-    integer arithmetic, the interpreter's path (MXFP8 on sm_90: 752 against 984; NVFP4 on sm_100: 672 against
-    1000), NVFP4 on sm_90, whose elements have no conversion there, at most 0.95x (952 against 1016). No kernel
-    converts its elements with SR (the hardware's SR is not the reference's)."""
+    row quantizer then takes fewer SASS instructions per element than the same kernel rounding in integer
+    arithmetic, the interpreter's path: MXFP8 on sm_90 at most 0.85x (752 against 984 with Triton 3.9, 736 against
+    880 with 3.6, the floor), NVFP4 on sm_100 at most 0.8x (672 against 1000), NVFP4 on sm_90, whose elements have
+    no conversion there, at most 0.95x (952 against 1016). No kernel converts its elements with SR (the hardware's
+    SR is not the reference's)."""
     fp8 = {"quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch"}
     fp4 = {"quantize_nvfp4_rows_launch", "quantize_nvfp4_rows_launch_br64_bk64", "cols_quantize_nvfp4_rne_launch"}
     for cap in measured_caps(report_scope):
@@ -154,7 +155,7 @@ def test_ptx_sm90_and_sm100_quantizers_round_to_nearest_with_the_hardware_conver
                  or name.startswith("dual_launch_nvfp4")} - {"quantize_nvfp4_rows_launch_br64_bk64_integer"}
         # (every NVFP4 quantizer, for its block scales)
         assert nvfp4 and {name for name, r in rows.items() if r["fp8_cvt"]} == fp8 | nvfp4
-        for fmt, bound in (("mxfp8", 0.8), ("nvfp4", 0.95)):
+        for fmt, bound in (("mxfp8", 0.85), ("nvfp4", 0.95)):
             hardware, integer = (rows[f"quantize_{fmt}_rows_launch_br64_bk64{tag}"] for tag in ("", "_integer"))
             assert per_element(hardware) <= bound * per_element(integer), (hardware, integer)
     converted = {(r["kernel"], r["cap"]) for r in ptx_report if r["fp4_cvt"]}
