@@ -2,6 +2,7 @@
 TRITON_INTERPRET when it is first imported (torch.compile imports it too), so it is set here, first."""
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,22 @@ import torch._functorch.config as functorch_config
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _minor(package: str) -> tuple[int, ...]:
+    """(major, minor) of an installed package; (0, 0) where it is not installed."""
+    try:
+        return tuple(int(part) for part in version(package).split(".")[:2])
+    except PackageNotFoundError:
+        return (0, 0)
+
+
+# Triton's interpreter before 3.7 takes an int of a 1-element array (a program id bounding a loop), which numpy 2.4
+# refuses: stop with the fix rather than fail every interpreted kernel with a persistent loop
+if os.environ.get("TRITON_INTERPRET") == "1" and (0, 0) < _minor("triton") < (3, 7) and _minor("numpy") >= (2, 4):
+    pytest.exit(f"Triton {version('triton')}'s interpreter, which runs the kernels in these tests without a GPU, fails "
+                f"under numpy {version('numpy')}: pip install 'numpy<2.4' (scripts/setup.sh does), or Triton 3.7 or "
+                "later", returncode=4)
 
 # `python -m pytest` puts the working directory, the repository root, first on sys.path. There the kernels/
 # folder would pass for Hugging Face's `kernels` package, which transformers (5.25+) probes for and then
