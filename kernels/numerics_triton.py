@@ -69,28 +69,32 @@ def round_and_encode(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl
     """The int32 element code ``round_to_element`` then encoding give (E2M1: EBITS 2; E4M3 / E5M2), in one pass:
     the magnitude code is r + ((f - EMIN) << MBITS) (``_rounded_significand``'s r and f): an r that rounds up
     to the next binade carries into the exponent field, and below EMIN it is a subnormal's mantissa. The sign
-    is x's (so -0 keeps it); NaN gives NAN_CODE."""
+    is x's (so -0 keeps it); NaN gives NAN_CODE, or with a negative NAN_CODE any code: NVFP4's quantizers zero
+    a non-finite block's codes themselves, one test per block instead of one per element (``e2m1_pair``)."""
     SIGN: tl.constexpr = EBITS + MBITS
     if EBITS == 2 and not SR:
-        return _e2m1_rne(x)
-    bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR, True)
-    code = (r + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
-    return tl.where(x != x, NAN_CODE, code)
+        code = _e2m1_rne(x)
+    else:
+        bits, f, r = _rounded_significand(x, rand, MBITS, EMIN, MAX, SR, True)
+        code = (r + ((f - EMIN) << MBITS)) | ((bits >> (31 - SIGN)) & (1 << SIGN))
+    if NAN_CODE >= 0:
+        code = tl.where(x != x, NAN_CODE, code)
+    return code
 
 
 @triton.jit
 def _e2m1_rne(x):
-    """``round_and_encode``'s E2M1 codes under RNE (NaN as +0), with one magic add: for |x| clamped to 6 and k =
-    max(floor_log2 |x|, 0) (0, 1 or 2), the ulp of 2**(22 + k) is E2M1's step 2**(k - 1) there, so |x| + 2**(22 +
-    k) rounds |x| to that step (ties to even, the even E2M1 mantissa) and its low bits are n = round(|x| /
-    2**(k - 1)); the magnitude's code is n + 2k. A few instructions fewer than ``_rounded_significand``'s scaling."""
+    """``round_and_encode``'s E2M1 codes under RNE (NaN's left to the caller), with one magic add: for |x| clamped
+    to 6 and k = max(floor_log2 |x|, 0) (0, 1 or 2), the ulp of 2**(22 + k) is E2M1's step 2**(k - 1) there, so
+    |x| + 2**(22 + k) rounds |x| to that step (ties to even, the even E2M1 mantissa) and its low bits are n =
+    round(|x| / 2**(k - 1)); the magnitude's code is n + 2k. A few instructions fewer than
+    ``_rounded_significand``'s scaling."""
     bits = x.to(tl.int32, bitcast=True)
-    a = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), 6.0)  # NaN's code is set below
+    a = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), 6.0)
     k = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, 0)
     magic = (k + 149) << 23  # 2**(22 + k)
     n = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
-    code = (n + (k << 1)) | ((bits >> 28) & 8)
-    return tl.where(x != x, 0, code)
+    return (n + (k << 1)) | ((bits >> 28) & 8)
 
 
 @triton.jit
@@ -109,17 +113,20 @@ def round_and_encode_fp8(x, rand, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS
 
 
 @triton.jit
-def e2m1_pair(lo, hi, rand_lo, rand_hi, SR: tl.constexpr, HW: tl.constexpr):
-    """The int32 byte of two E2M1 codes (``lo``'s in the low nibble; NaN as +0) of values already scaled by their
-    block's e_b: ``round_and_encode``'s, or with HW (a GPU converting fp32 to E2M1 in one instruction: sm_100 on)
-    and RNE, the hardware's saturating conversion (``cvt.rn.satfinite.e2m1x2``, one per pair: RNE, |x| above 6 to
-    6 as the reference's clamp, the sign kept; NaN zeroed before it)."""
+def e2m1_pair(lo, hi, rand_lo, rand_hi, bad, SR: tl.constexpr, HW: tl.constexpr):
+    """The int32 byte of two E2M1 codes (``lo``'s in the low nibble) of values already scaled by their block's
+    e_b, zero where ``bad`` (a non-finite block, whose e_b and so every scaled value is NaN: NaN's code is +0; a
+    finite block's scaled values are never NaN): ``round_and_encode``'s, or with HW (a GPU converting fp32 to E2M1
+    in one instruction: sm_100 on) and RNE, the hardware's saturating conversion (``cvt.rn.satfinite.e2m1x2``, one
+    per pair: RNE, |x| above 6 to 6 as the reference's clamp, the sign kept)."""
     if HW and not SR:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b8 t; cvt.rn.satfinite.e2m1x2.f32 t, $2, $1; cvt.u32.u8 $0, t; }", "=r,r,r",
-            [tl.where(lo != lo, 0.0, lo), tl.where(hi != hi, 0.0, hi)], dtype=tl.int32, is_pure=True, pack=1)
-    hi_code = round_and_encode(hi, rand_hi, 2, 1, 0, 6.0, SR, 0)
-    return round_and_encode(lo, rand_lo, 2, 1, 0, 6.0, SR, 0) | (hi_code << 4)
+        byte = tl.inline_asm_elementwise(
+            "{ .reg .b8 t; cvt.rn.satfinite.e2m1x2.f32 t, $2, $1; cvt.u32.u8 $0, t; }", "=r,r,r", [lo, hi],
+            dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        hi_code = round_and_encode(hi, rand_hi, 2, 1, 0, 6.0, SR, -1)
+        byte = round_and_encode(lo, rand_lo, 2, 1, 0, 6.0, SR, -1) | (hi_code << 4)
+    return tl.where(bad, 0, byte)
 
 
 @triton.jit

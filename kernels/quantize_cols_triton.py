@@ -120,7 +120,8 @@ def nvfp4_store_slices(ys, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, a, b, id
         if SR:
             rand_lo = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m, HASH)
             rand_hi = slice_bits(rand_ptr, a, b, idx, rows, R, c0, K, r_k, 2 * m + 1, HASH)
-        packed = packed + (e2m1_pair(ys[2 * m] * e_b, ys[2 * m + 1] * e_b, rand_lo, rand_hi, SR, HW == 2).to(tl.uint8),)
+        packed = packed + (e2m1_pair(ys[2 * m] * e_b, ys[2 * m + 1] * e_b, rand_lo, rand_hi, e_b != e_b, SR,
+                                     HW == 2).to(tl.uint8),)
     _store_joined(codes_ptr, rows, R, out_c0 // 2, K_out // 2, packed, 8)
 
 

@@ -200,11 +200,15 @@ def nvfp4_encode_store(y, amax_ptr, amax_idx, ts_ptr, first, rand_ptr, k1, k2, s
         rand = _load_rand(rand_ptr, k1, k2, sr_rows, sr_col0, R, K, r_r, r_k, BR, BK, HASH)
     # the GPU's conversion takes a pair at a time; the integer path encodes the whole tile before splitting it, as
     # it did before the conversion (splitting first, through e2m1_pair, moved the SR kernels' registers and
-    # instruction counts both ways in tests/ptx_report.py: 48 -> 163 registers for one column tile kernel)
+    # instruction counts both ways in tests/ptx_report.py: 48 -> 163 registers for one column tile kernel). A
+    # non-finite block's codes are zeroed by its test, not each element's (e2m1_pair's rule: its scaled values are
+    # all NaN, whose code is +0); masking its bytes instead made the tile kernels' layouts costlier.
+    bad = (e_b != e_b)[:, :, None]
     if HW == 2 and not SR:
-        packed = e2m1_pair(*tl.split(tl.reshape(y * e_b[:, :, None], (BR, BK // 2, 2))), 0, 0, SR, True).to(tl.uint8)
+        z = tl.where(bad, 0.0, y * e_b[:, :, None])
+        packed = e2m1_pair(*tl.split(tl.reshape(z, (BR, BK // 2, 2))), 0, 0, False, SR, True).to(tl.uint8)
     else:
-        codes = round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, 0)  # E2M1, NaN as +0
+        codes = tl.where(bad, 0, round_and_encode(y * e_b[:, :, None], rand, 2, 1, 0, 6.0, SR, -1))  # E2M1
         lo, hi = tl.split(tl.reshape(codes, (BR, BK // 2, 2)))
         packed = (lo | (hi << 4)).to(tl.uint8)
     pcols = col0 // 2 + tl.arange(0, BK // 2)
