@@ -19,6 +19,10 @@ from autoprec.kernels.nvfp4_ref import ONE_SIXTH as _ONE_SIXTH
 ONE_SIXTH = tl.constexpr(_ONE_SIXTH)  # fp32(1/6)
 FP4_TIMES_FP8_MAX = tl.constexpr(_FP4_TIMES_FP8_MAX)  # 6 · 448
 INF_BITS = tl.constexpr(0x7F800000)  # fp32 Inf's bits: |x|'s bits are at least this for Inf and NaN
+# added to |x|'s bits, pushes Inf's and NaN's past int32's top (below zero) and keeps finite values' order: a signed
+# max of the sums (at least FINITE_BIAS) less FINITE_BIAS is the finite values' amax, in one add per element (a
+# column slice kernel's per-thread maxima; the row tiles' reductions across threads did not gain from it)
+FINITE_BIAS = tl.constexpr(0x800000)
 
 
 @triton.jit

@@ -22,6 +22,7 @@ import triton.language as tl
 from autoprec.formats import NVFP4, Format
 from autoprec.kernels.autotune import autotune, fixed_tile
 from autoprec.kernels.block_scales_triton import (
+    FINITE_BIAS,
     INF_BITS,
     atomic_max_bits,
     e4m3_codes,
@@ -130,13 +131,13 @@ def mxfp8_store_slices(ys, rand_ptr, a, b, idx, r_k, rows, R, c0, K, out_c0, K_o
                        EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EMAX: tl.constexpr,
                        MAX: tl.constexpr, FLOOR: tl.constexpr, HW: tl.constexpr, SR: tl.constexpr, HASH: tl.constexpr):
     """MXFP8 codes and E8M0 scales of the 32 slices ``ys``, stored as ``nvfp4_store_slices`` stores its."""
-    finite = tl.zeros(ys[0].shape, tl.int32)  # the largest |y| bits of finite values, and of all
-    top = tl.zeros(ys[0].shape, tl.int32)
+    finite = tl.full(ys[0].shape, FINITE_BIAS, tl.int32)  # the largest |y| bits of finite values (+ FINITE_BIAS)
+    top = tl.zeros(ys[0].shape, tl.int32)  # and of all
     for j in tl.static_range(32):
         abs_bits = ys[j].to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        finite = tl.maximum(finite, tl.where(abs_bits < INF_BITS, abs_bits, 0))
+        finite = tl.maximum(finite, abs_bits + FINITE_BIAS)
         top = tl.maximum(top, abs_bits)
-    e = mxfp8_block_exponents(finite.to(tl.float32, bitcast=True), EMAX, MAX, FLOOR)
+    e = mxfp8_block_exponents((finite - FINITE_BIAS).to(tl.float32, bitcast=True), EMAX, MAX, FLOOR)
     mask = (rows < R)[:, None] & (out_c0 // 32 < K_out // 32)[None, :]
     tl.store(scales_ptr + rows.to(tl.int64)[:, None] * (K_out // 32) + (out_c0 // 32)[None, :],
              tl.where(top >= INF_BITS, 255, e + 127).to(tl.uint8), mask=mask)
