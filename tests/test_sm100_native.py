@@ -70,12 +70,18 @@ def test_sm100_native_arguments_follow_torch_contract_and_match_the_reference(mo
                                else 1e-5, atol=1e-5 * float(want.abs().max()))
 
 
+def fake_cuda(mode: FakeTensorMode, t: torch.Tensor | None) -> torch.Tensor | None:
+    """A fake tensor on a CUDA device with ``t``'s sizes, strides and dtype (no data, no GPU needed)."""
+    if t is None:
+        return None
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return FakeTensor(mode, meta, torch.device("cuda", 0))
+
+
 def on_fake_cuda(mode: FakeTensorMode, op: Operand) -> Operand:
-    """``op`` with its tensors as fake tensors on a CUDA device (their sizes, strides and dtypes; no data, no GPU)."""
-    def fake(t: torch.Tensor | None) -> torch.Tensor | None:
-        meta = None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-        return None if t is None else FakeTensor(mode, meta, torch.device("cuda", 0))
-    return replace(op, codes=fake(op.codes), scales=fake(op.scales), tensor_scale=fake(op.tensor_scale))
+    """``op`` with its tensors as ``fake_cuda`` tensors."""
+    return replace(op, codes=fake_cuda(mode, op.codes), scales=fake_cuda(mode, op.scales),
+                   tensor_scale=fake_cuda(mode, op.tensor_scale))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -89,7 +95,7 @@ def test_sm100_native_arguments_pass_torch_meta_checks(monkeypatch, case):
     b = as_operand(dispatch.quantize(torch.randn(160, 48), fb, 0, tile2d=tiles), 0, "b")
     mode = FakeTensorMode()
     with mode:
-        bias = FakeTensor(mode, torch.empty(48, device="meta"), torch.device("cuda", 0))
+        bias = fake_cuda(mode, torch.empty(48))
         out = scaled_mm_native(on_fake_cuda(mode, a), on_fake_cuda(mode, b), bias, torch.bfloat16)
     assert out.shape == (72, 48) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
     monkeypatch.setattr(native, "swizzle_scales", lambda scales: scales.flatten())
