@@ -60,9 +60,8 @@ def op_args(q: fx.Node) -> dict:
     return dict(zip((arg.name for arg in q.target._schema.arguments), q.args))
 
 
-def takes_rht(q: fx.Node) -> bool:
-    """Whether quantize(_dual) node ``q`` takes the RHT on a copy."""
-    args = op_args(q)
+def takes_rht(args: dict) -> bool:
+    """Whether a quantize(_dual) node with arguments ``args`` (``op_args``) takes the RHT on a copy."""
     return any(args.get(name, False) for name in ("rht", "rht_a", "rht_b"))
 
 
@@ -71,7 +70,7 @@ def _takes_graph_amax(q: fx.Node) -> bool:
     quantizer would take in its own pass (and has no amax yet)."""
     args = op_args(q)
     x = args["x"].meta["val"]
-    if get_format(args["fmt"]) is not NVFP4 or takes_rht(q) or "amax" in args:
+    if get_format(args["fmt"]) is not NVFP4 or takes_rht(args) or "amax" in args:
         return False
     sized = isinstance(x.numel(), int) and x.numel() > 0  # a symbolic size may be 0 at run time
     return sized and quantize_dtype_problem(x.dtype) is None and use_triton(x.device, None)

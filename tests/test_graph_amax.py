@@ -107,8 +107,9 @@ def test_compiled_steps_take_graph_amaxes_bit_for_bit(monkeypatch, recipe):
     monkeypatch.setattr(backend, "graph_amaxes", lambda gm: graphs.append(gm) or amaxes(gm))
     loss, grads = _compiled_step(recipe, "inductor")
     quantizations = [n for g in graphs for n in g.graph.nodes if n.target in (QUANTIZE, QUANTIZE_DUAL)]
-    rht = {n: takes_rht(n) for n in quantizations}
-    assert quantizations and all(("amax" in op_args(n)) != rht[n] for n in quantizations)
+    args = {n: op_args(n) for n in quantizations}
+    rht = {n: takes_rht(args[n]) for n in quantizations}
+    assert quantizations and all(("amax" in args[n]) != rht[n] for n in quantizations)
     assert any(rht.values()) == (recipe == "nvfp4_nvidia")
     torch._dynamo.reset()
     monkeypatch.setattr(backend, "graph_amaxes", lambda gm: 0)
