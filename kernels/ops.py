@@ -51,7 +51,7 @@ def quantize(
     x: Tensor, fmt: str, axis: int, rounding: str, seed: int, tile2d: bool, scale_mode: str, rht: bool,
     rht_seed: int, step: Tensor, amax: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize``; 1 for MXFP8. With SR,
+    """uint8 (codes, scales) and the fp32 tensor_scale of ``dispatch.quantize`` (``_parts``). With SR,
     the bits hash ``seed`` and ``step`` (the model's call counter when the forward ran: a
     backward quantization reads the step of its own forward, so each micro-batch draws fresh bits; a
     ``StepStream``: a GPU kernel reads ``step`` where it lives). The RHT signs come from ``rht_seed``.
@@ -94,8 +94,9 @@ def _(x, fmt, rounding_a, seed_a, rht_a, transposed_a, rounding_b, seed_b, rht_b
 
 
 def _parts(q: QuantizedTensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(uint8 codes, uint8 scales, fp32 tensor scale: 1 for MXFP8) of a quantization."""
-    ts = q.tensor_scale if q.tensor_scale is not None else torch.ones((), device=q.codes.device)
+    """(uint8 codes, uint8 scales, fp32 tensor scale) of a quantization. MXFP8 has no tensor scale: its slot is an
+    empty fp32 tensor, which a GPU makes without a launch (a filled scalar cost one per quantization)."""
+    ts = q.tensor_scale if q.tensor_scale is not None else q.codes.new_empty((0,), dtype=torch.float32)
     return q.codes.view(torch.uint8), q.scales.view(torch.uint8), ts
 
 
@@ -112,7 +113,7 @@ def _quantized_like(x: Tensor, fmt: str, axis: int, tile2d: bool) -> tuple[Tenso
     else:
         codes = x.new_empty(stored, dtype=torch.uint8)
         scales = x.new_empty(lead + [k // f.block_size], dtype=torch.uint8)
-    return codes, scales, x.new_empty((), dtype=torch.float32)
+    return codes, scales, x.new_empty(() if f is NVFP4 else (0,), dtype=torch.float32)
 
 
 @_op()
@@ -171,7 +172,8 @@ def scaled_mm(
     bias: Tensor | None, out_dtype: torch.dtype,
 ) -> Tensor:
     """A·B with A (..., M, K) and B stored (..., N, K), both blocked along K (bf16 operands: their
-    values in that layout, with any tensor passed as scales)."""
+    values in that layout, with any tensor passed as scales). ``a_ts`` / ``b_ts``: NVFP4's tensor scales; any
+    tensor (unread) for the other formats."""
     a = _operand(a_codes, a_scales, a_ts, a_fmt, False, 1)
     b = _operand(b_codes, b_scales, b_ts, b_fmt, True, b_tile_rows)
     return dispatch.scaled_mm(a, b, bias, out_dtype)

@@ -75,7 +75,11 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
     with fake:
         vals = autoprec_ops.quantize.default(val, *args[1:-1], step.node.meta["val"])
     q = _add(graph, autoprec_ops.quantize.default, args, {}, meta, vals, tag)
-    return [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3)]
+    # MXFP8 has no tensor scale: the op's third part (empty) is left unread and the matmul's slot for it carries the
+    # scales (unread there too), so no graph holds, saves or partitions an empty tensor
+    scaled = bool(get_format(d.fmt).tensor_scale_bits)
+    parts = [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3 if scaled else 2)]
+    return parts if scaled else [*parts, parts[1]]
 
 
 def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, step: StepInput,

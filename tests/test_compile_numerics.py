@@ -133,6 +133,19 @@ def test_inductor_inner_matches_graph_modules(recipe):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
+def test_only_nvfp4_tensor_scales_reach_the_matmuls(rewritten, recipe):
+    """MXFP8 has no tensor scale: no node reads the quantize op's third part (an empty tensor), so no graph saves or
+    partitions it (saved for backward, the partitioner had run a quantization in the forward for its empty part
+    alone); NVFP4's matmuls read theirs."""
+    torch.manual_seed(0)
+    m = MLP()
+    torch.compile(m, backend="autoprec", options={"recipe": recipe})(torch.randn(2, 16, 32)).sum().backward()
+    ops = {torch.ops.autoprec.quantize.default: (2,), torch.ops.autoprec.quantize_dual.default: (2, 5)}
+    read = [u.args[1] in ops[n.target] for g in rewritten for n in g.graph.nodes if n.target in ops for u in n.users]
+    assert len(read) >= 8 and any(read) == (recipe == "nvfp4")
+
+
 def test_stochastic_rounding_draws_fresh_bits_each_step():
     """SR with the same bits every step would round each position the same way, a bias across steps."""
     torch.manual_seed(0)

@@ -127,12 +127,30 @@ def test_custom_ops_pass_opcheck():
                                                                 amax))
     dual = (x, "nvfp4", "rne", 0, False, False, "sr", 2, False, True, "rceil", 0, STEP, amax)
     torch.library.opcheck(torch.ops.autoprec.quantize_dual.default, dual)
+    dual = (x, "mxfp8", "rne", 0, False, True, "sr", 2, False, False, "floor", 0, STEP)
+    torch.library.opcheck(torch.ops.autoprec.quantize_dual.default, dual)
     tc, ts, _ = torch.ops.autoprec.quantize(x, "nvfp4", 1, "rne", 0, True, "rceil", False, 0, STEP)
     torch.library.opcheck(torch.ops.autoprec.transpose_tiles.default, (tc, ts))
     grouped = (torch.randn(10, 64), torch.randn(3, 64, 16), torch.tensor([3, 3, 10], dtype=torch.int32), "nvfp4",
                "rne", "sr", False, False, 1, 2, "rceil", 0, STEP, torch.float32)
     torch.library.opcheck(torch.ops.autoprec.grouped_mm.default, grouped)
     torch.library.opcheck(torch.ops.autoprec.grouped_mm_on_device.default, grouped)
+
+
+def test_mxfp8_parts_have_no_tensor_scale():
+    """MXFP8 has no tensor scale: the ops' third part is an empty tensor (no fill launch on a GPU), and the
+    quantization it belongs to still dequantizes and multiplies as the reference's."""
+    x, w = torch.randn(32, 64), torch.randn(48, 64)
+    c, s, t = torch.ops.autoprec.quantize(x, "mxfp8", 1, "rne", 0, False, "floor", False, 0, STEP)
+    assert t.dtype == torch.float32 and t.shape == (0,)
+    parts = torch.ops.autoprec.quantize_dual(x, "mxfp8", "rne", 0, False, False, "rne", 0, False, False, "floor", 0,
+                                             STEP)
+    assert parts[2].shape == (0,) and parts[5].shape == (0,)
+    assert bits_equal(torch.ops.autoprec.dequantize(c, s, t, "mxfp8", 1, [32, 64], 1),
+                      dispatch.dequantize(dispatch.quantize(x, "mxfp8", 1, scale_mode="floor")))
+    wc, ws, wt = torch.ops.autoprec.quantize(w, "mxfp8", 1, "rne", 0, False, "floor", False, 0, STEP)
+    y = torch.ops.autoprec.scaled_mm(c, s, t, "mxfp8", wc, ws, wt, "mxfp8", 1, None, torch.float32)
+    assert torch.allclose(y, qmm_ref(x, w.t(), "mxfp8", "mxfp8", scale_mode="floor"), atol=1e-4)
 
 
 def test_ops_trace_under_compile():
