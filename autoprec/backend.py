@@ -31,6 +31,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 
+from autoprec.cache_key import keyed_by_autoprec
 from autoprec.cost import device_note
 from autoprec.inner_compiles import compile_once
 from autoprec.model_plan import ModelPlan, plan_for
@@ -160,12 +161,10 @@ class _Variant:
         from torch._inductor import config, list_mode_options
         from torch._inductor.compile_fx import compile_fx_inner
 
-        if self.opts.mode is None:
-            return compile_fx_inner
-        patches = list_mode_options(self.opts.mode)
+        patches = {} if self.opts.mode is None else list_mode_options(self.opts.mode)
 
         def compile_in_mode(g: fx.GraphModule, example_inputs):
-            with config.patch(patches):
+            with config.patch(patches), keyed_by_autoprec():
                 return compile_fx_inner(g, example_inputs)
 
         return compile_in_mode
