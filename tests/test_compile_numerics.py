@@ -146,6 +146,30 @@ def test_only_nvfp4_tensor_scales_reach_the_matmuls(rewritten, recipe):
     assert len(read) >= 8 and any(read) == (recipe == "nvfp4")
 
 
+@pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4_nvidia", "mxfp8"])
+def test_partitioner_runs_each_quantization_once(monkeypatch, recipe):
+    """The forward and backward graphs AOTAutograd's partitioner cuts from a GPT's joint graph hold its autoprec ops
+    once each: none is run in both (a recomputation) or left out."""
+    from autoprec import backend
+
+    joint, parts = [], []
+    pair = backend.pair_quantizations
+    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: joint.append(gm) or pair(gm))
+    once = backend.compile_once
+    monkeypatch.setattr(backend, "compile_once",
+                        lambda compiler, settings: once(lambda g, ex: parts.append(g) or compiler(g, ex), settings))
+    torch.manual_seed(0)
+    c = torch.compile(TinyGPT(vocab=64, d=64, layers=1, heads=2, ctx=32), backend="autoprec",
+                      options={"recipe": recipe})
+    c(*tokens(batch=4, ctx=32, vocab=64)).backward()
+
+    def ops(graphs):
+        return sorted(str(n.target) for g in graphs for n in g.graph.nodes if str(n.target).startswith("autoprec."))
+
+    assert len(joint) == 1 and len(parts) == 2 and len(ops(joint)) > 20
+    assert ops(parts) == ops(joint)
+
+
 def test_stochastic_rounding_draws_fresh_bits_each_step():
     """SR with the same bits every step would round each position the same way, a bias across steps."""
     torch.manual_seed(0)
