@@ -52,9 +52,9 @@ def _add(graph: fx.Graph, target, args: tuple, kwargs: dict, meta: dict, val, ta
 
 def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInfo, opts: CompileOptions,
              meta: dict, tag: dict, step: StepInput) -> list[fx.Node]:
-    """Nodes for operand ``which`` (0 = a, blocked along its last dim; 1 = b, along dim -2): the
-    (codes, scales, tensor_scale) of its quantization, or its bf16 values stored (rows, K). Only ops
-    that survive inductor's decompositions (permute, prims.convert_element_type) are inserted."""
+    """Nodes for operand ``which`` (0 = a, blocked along its last dim; 1 = b, along dim -2): the (codes, scales,
+    tensor_scale; MXFP8's scales again) of its quantization, or its bf16 values stored (rows, K). Only ops that
+    survive inductor's decompositions (permute, prims.convert_element_type) are inserted."""
     val = x.meta["val"]
     fake = detect_fake_mode([val])
     tag = {**tag, "operand": "ab"[which]}
