@@ -27,8 +27,9 @@ def inductor_cache_counts() -> tuple[int, int]:
 
 def test_inductor_cache_is_keyed_by_autoprec_sources(monkeypatch):
     """A graph cached by this autoprec is reused; one cached by an autoprec of other sources (other op
-    implementations, whose output layouts the compiled code asserts) is not. The user's own cache tag still counts."""
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", f"test-{uuid.uuid4()}")  # nothing cached under it yet
+    implementations, whose output layouts the compiled code asserts) is not."""
+    # a user's tag of this run's own: the cache holds nothing under it yet (the key keeps the user's tag too)
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", f"test-{uuid.uuid4()}")
     with torch._inductor.config.patch(fx_graph_cache=True):
         assert inductor_cache_counts() == (0, 2)  # forward and backward
         assert inductor_cache_counts() == (2, 0)
