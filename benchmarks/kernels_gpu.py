@@ -12,7 +12,8 @@ Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³),
 same shape, alone and with both operands' quantization; each row names the path dispatch took (native, decoded,
 tensor_core, fp32; "dec" with the product the decoded path timed faster at its first call), and beside it the
 in-register Triton GEMM and the decoded path's two products alone: cuBLAS's (an fp32 product, then the epilogue
-pass) and Triton's GEMM (its epilogue in registers, no fp32 product in memory; --sweep: at several tiles). Grouped
+pass) and Triton's GEMM (its epilogue in registers, no fp32 product in memory; --sweep: at several tiles), and that
+GEMM reading its tiles with the TMA (a candidate dispatch does not take yet; --sweep: at several tiles). Grouped
 rows time an experts fprop and wgrad (8 experts, bf16 out, quantization included) against torch's bf16 grouped
 GEMM, naming its path (one native grouped GEMM on sm_100, else one Triton launch), beside rows forced to one GEMM
 per group, and autoprec's bf16 grouped product (torch's, plus zeroing what it leaves undefined; into fp32,
@@ -138,7 +139,11 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     from autoprec.kernels import quantize, scaled_mm
     from autoprec.kernels.dispatch import gemm_path
     from autoprec.kernels.operand import as_operand
-    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_cublas, scaled_mm_decoded_triton
+    from autoprec.kernels.scaled_mm_decoded import (
+        scaled_mm_decoded_cublas,
+        scaled_mm_decoded_tma,
+        scaled_mm_decoded_triton,
+    )
     from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
@@ -166,10 +171,12 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
             row(rig, "  in-register Triton", lambda: scaled_mm_tc_triton(oa, ob, None, torch.bfloat16), flops, ms_bf16,
                 peak)
         # the decoded path's two products, each alone: cuBLAS's (then the fp32 product's epilogue pass), and
-        # Triton's GEMM with the epilogue in its registers
+        # Triton's GEMM with the epilogue in its registers; then the candidate reading its tiles with the TMA
         row(rig, "  decoded + cuBLAS", lambda: scaled_mm_decoded_cublas(oa, ob, None, torch.bfloat16), flops, ms_bf16,
             peak)
         row(rig, "  decoded + Triton GEMM", lambda: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16), flops,
+            ms_bf16, peak)
+        row(rig, "  decoded + Triton TMA GEMM", lambda: scaled_mm_decoded_tma(oa, ob, None, torch.bfloat16), flops,
             ms_bf16, peak)
 
 
@@ -187,14 +194,16 @@ SWEEP = [(128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 
          (128, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 4)]
 DECODED_SWEEP = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 4), (128, 256, 64, 8, 3),
                  (128, 256, 64, 8, 4)]
+TMA_SWEEP = [(256, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 4)]
 
 
 def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     """The in-register tensor-core GEMM at each (BM, BN, BK, warps, stages) of SWEEP, then Triton's GEMM over
-    decoded operands at each of DECODED_SWEEP; the first of each is the one it runs."""
+    decoded operands at each of DECODED_SWEEP, and its TMA-loading twin at each of TMA_SWEEP; the first of each is
+    the one it runs."""
     from autoprec.kernels import quantize
     from autoprec.kernels.operand import as_operand
-    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_triton
+    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_tma, scaled_mm_decoded_triton
     from autoprec.kernels.scaled_mm_triton import bf16_dot, launch
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
@@ -204,7 +213,9 @@ def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     gemms = [  # (name tag, tiles, GEMM of (oa, ob, blocks, launch options)): in-register, then decoded operands
         ("", SWEEP, lambda oa, ob, blocks, **opts: launch(blocks, oa, ob, None, torch.bfloat16, bf16_dot(), **opts)),
         ("dec ", DECODED_SWEEP, lambda oa, ob, blocks, **opts: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16,
-                                                                                        blocks=blocks, **opts))]
+                                                                                        blocks=blocks, **opts)),
+        ("tma ", TMA_SWEEP, lambda oa, ob, blocks, **opts: scaled_mm_decoded_tma(oa, ob, None, torch.bfloat16,
+                                                                                blocks=blocks, **opts))]
     for fmt in ("nvfp4", "mxfp8"):
         oa, ob = as_operand(quantize(x, fmt, 1), 1, "a"), as_operand(quantize(w, fmt, 0), 0, "b")
         for tag, tiles, gemm in gemms:

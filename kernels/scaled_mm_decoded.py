@@ -11,7 +11,9 @@ product next to the GEMM; MXFP8 to bf16, without bias or with a bf16 one, skips 
 accumulator plus the bias once, with torch's ``allow_bf16_reduced_precision_reduction`` turned off around the call:
 torch's default lets cuBLAS add split-K partial sums in bf16, which the reference's fp32 accumulation does not), or
 Triton's (``scaled_mm_triton``'s kernel reading the bf16 tiles as stored, the epilogue in its registers: no fp32
-product in memory). ``scaled_mm_decoded_cublas`` and ``scaled_mm_decoded_triton`` run one of them.
+product in memory). ``scaled_mm_decoded_cublas`` and ``scaled_mm_decoded_triton`` run one of them;
+``scaled_mm_decoded_tma`` runs a third, Triton's GEMM with its tiles copied by the TMA (``decoded_gemm_tma``), which
+the benchmark times beside them.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autoprec.kernels.decoded_gemm_tma import TMA_BLOCKS, TMA_STAGES, TMA_WARPS, tma_gemm
 from autoprec.kernels.gemm_choice import choose, size_bucket
 from autoprec.kernels.launch import cdiv, hardware_fp8, interpreting
 from autoprec.kernels.operand import KIND_BF16, KIND_MXFP8, KIND_NVFP4, Operand, decoded, kernel_args
@@ -221,6 +224,15 @@ def scaled_mm_decoded_triton(a: Operand, b: Operand, bias: torch.Tensor | None, 
     ``num_stages``)."""
     return _exact(a, b, bias, out_dtype, lambda da, db: _triton_gemm(a, b, da, db, bias, out_dtype, blocks=blocks,
                                                                      num_warps=num_warps, num_stages=num_stages))
+
+
+def scaled_mm_decoded_tma(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype, *,
+                          blocks: tuple[int, int, int] = TMA_BLOCKS, num_warps: int = TMA_WARPS,
+                          num_stages: int = TMA_STAGES) -> torch.Tensor:
+    """``scaled_mm_decoded`` with Triton's product reading its tiles through tensor descriptors
+    (``decoded_gemm_tma``); not a product ``gemm_choice`` picks until a GPU has timed it."""
+    return _exact(a, b, bias, out_dtype, lambda da, db: tma_gemm(a, b, da, db, bias, out_dtype, blocks=blocks,
+                                                                 num_warps=num_warps, num_stages=num_stages))
 
 
 def _triton_gemm(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,

@@ -73,6 +73,7 @@ def report(name: str, kernel, signature: dict, const: dict, options: dict, cap: 
             "mma_sync": "mma.sync" in ptx,  # the warp-level tensor-core MMA (sm_80 to sm_120)
             "sr_hash": str(0x21F0AAAD) in ptx or "21f0aaad" in ptx.lower(),  # mix32's multiplier
             "vector_loads": "ld.global.v4" in ptx, "fma_lines": fma_lines(ptx),
+            "tma": "cp.async.bulk.tensor" in ptx,  # tiles copied by the Tensor Memory Accelerator
             "fp8_cvt": "cvt.rn.satfinite.e4m3x2.f32" in ptx or "cvt.rn.satfinite.e5m2x2.f32" in ptx,
             "fp4_cvt": "cvt.rn.satfinite.e2m1x2.f32" in ptx,
             "fp8_decode": "cvt.rn.f16x2.e4m3x2" in ptx or "cvt.rn.f16x2.e5m2x2" in ptx,

@@ -1,15 +1,15 @@
 """Compile every GPU kernel for sm_90 and sm_100 (the grouped GEMMs for sm_80, sm_120 too) without a GPU and report, as
 JSON on stdout, whether its PTX uses tensor-core MMA and what the cubin needs (registers, stack, shared memory): the
 tensor-core GEMM (NVFP4 and MXFP8 operands), the fp32 GEMM, the decode and epilogue kernels of the decoded + cuBLAS
-GEMM, Triton's GEMM over decoded operands, the experts' one-launch grouped GEMMs, and the quantizers (SR and RHT on;
-the one-read, grouped, batched and K-grouped ones at their autotuned tiles; the slice kernels of column copies and
-K-grouped operands as a launch specializes them, beside the tile kernels on the same launch; and the fprop row
-quantizers as a launch specializes them, with their SASS instruction counts). Run in a process without
-TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one compiling process
-per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report, compiles each
-autotuned quantizer at its first tile alone, the one-read quantizers only as a launch specializes them, the
-quantizers for sm_90 alone (but ``BLACKWELL_QUICK``) and the grouped GEMMs for sm_90 and sm_100 alone
-(``jobs``). Quantizers compile with the hardware conversions where a launch on the target takes them (``HW``).
+GEMM, Triton's GEMM over decoded operands (tiles loaded by pointers, and by tensor descriptors), the experts' one-launch
+grouped GEMMs, and the quantizers (SR and RHT on; the one-read, grouped, batched and K-grouped ones at their autotuned
+tiles; the slice kernels of column copies and K-grouped operands as a launch specializes them, beside the tile kernels
+on the same launch; and the fprop row quantizers as a launch specializes them, with their SASS instruction counts). Run
+in a process without TRITON_INTERPRET (the interpreter replaces Triton's compiler): ``python tests/ptx_report.py`` (one
+compiling process per core; about 9 CPU-minutes without Triton's cache). ``--quick``, the default test run's report,
+compiles each autotuned quantizer at its first tile alone, the one-read quantizers only as a launch specializes them,
+the quantizers for sm_90 alone (but ``BLACKWELL_QUICK``) and the grouped GEMMs for sm_90 and sm_100 alone (``jobs``).
+Quantizers compile with the hardware conversions where a launch on the target takes them (``HW``).
 ``ptx_compile.report`` compiles one kernel and reads its PTX and cubin."""
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import sys
 from ptx_compile import LAUNCH_ALIGNED, report
 
 from autoprec.formats import get_format
+from autoprec.kernels import decoded_gemm_tma as tma
 from autoprec.kernels import grouped_mm_triton as gg
 from autoprec.kernels import quantize_cols_triton as qc
 from autoprec.kernels import quantize_dual_triton as qd
@@ -72,8 +73,8 @@ def tiles(configs: list, full: bool) -> list:
 
 
 def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
-    """The dense GEMMs: tensor-core (NVFP4, MXFP8), Triton's over decoded operands, fp32, and the decoded +
-    cuBLAS path's decode and epilogue kernels."""
+    """The dense GEMMs: tensor-core (NVFP4, MXFP8), Triton's over decoded operands (pointer loads, and TMA loads
+    through tensor descriptors), fp32, and the decoded + cuBLAS path's decode and epilogue kernels."""
     gemm_opts = {"num_warps": tc.NUM_WARPS, "num_stages": tc.NUM_STAGES}
     out = [(f"tensor_core_gemm_{f}", fp32.scaled_mm_kernel, POINTERS, constexprs(f) | {"DOT": fp32.DOT_BF16},
             gemm_opts) for f in ("nvfp4", "mxfp8")]
@@ -84,6 +85,15 @@ def gemm_kernels() -> list[tuple[str, object, dict, dict, dict]]:
                                        "DOT": fp32.DOT_BF16}  # the element constexprs are unused for values
         out.append((f"decoded_triton_gemm_{f}", fp32.scaled_mm_kernel, values, const,  # as a launch specializes it
                     {"num_warps": dec.GEMM_WARPS, "num_stages": dec.GEMM_STAGES, LAUNCH_ALIGNED: True}))
+    bm, bn, bk = tma.TMA_BLOCKS  # the same GEMM with its tiles read through tensor descriptors
+    descriptors = {"a_desc": f"tensordesc<bf16[{bm},{bk}]>", "b_desc": f"tensordesc<bf16[{bn},{bk}]>",
+                   "a_ts": "*fp32", "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*i16", "M": "i32", "N": "i32",
+                   "K": "i32"}
+    for f, kind in (("nvfp4", 3), ("mxfp8", 2)):
+        const = {"A_KIND": kind, "B_KIND": kind, "HAS_BIAS": True, "OUT_BF16": True, "BM": bm, "BN": bn, "BK": bk,
+                 "DOT": fp32.DOT_BF16}
+        out.append((f"decoded_tma_gemm_{f}", tma.tma_gemm_kernel, descriptors, const,
+                    {"num_warps": tma.TMA_WARPS, "num_stages": tma.TMA_STAGES}))
     fp32_const = constexprs("nvfp4") | {"BM": fp32.BLOCK_M, "BN": fp32.BLOCK_N, "BK": fp32.BLOCK_K,
                                         "DOT": fp32.DOT_FP32, "GUARDED": True}
     out.append(("fp32_gemm_nvfp4", fp32.scaled_mm_kernel, POINTERS, fp32_const, {}))

@@ -92,10 +92,11 @@ def test_gpu_benchmark_dry_run_prints_every_section_and_row():
     assert sections == ["quantize"] + ["matmul"] * 3 + ["tile sweep", "grouped fprop", "grouped wgrad", "bmm",
                                                           "grouped quantize"], out
     rows = timed_rows(out)
-    assert len(rows) == 16 + 3 * 10 + 2 * (8 + 5) + 2 * 7 + 5 + 9, out
+    assert len(rows) == 16 + 3 * 12 + 2 * (8 + 5 + 4) + 2 * 7 + 5 + 9, out
     assert {"nvfp4 cols sr + rht", "mxfp8 one read, activation", "nvfp4 both, rne", "nvfp4 one read, rne",
             "autoprec nvfp4 (tensor_core)", "+ quantize x, w", "decoded + cuBLAS", "decoded + Triton GEMM",
-            "nvfp4 dec 128x128x64 w8 s3", "nvfp4 + quantize, per group", "+ quantize q, k", "nvfp4 weights, batched",
+            "decoded + Triton TMA GEMM", "nvfp4 dec 128x128x64 w8 s3", "mxfp8 tma 256x128x64 w8 s3",
+            "nvfp4 + quantize, per group", "+ quantize q, k", "nvfp4 weights, batched",
             "nvfp4 weights 1x16, batched"} <= set(rows)
     chosen = dict(re.findall(r"^(\S.*?)\s+\d+\.\d{3}\s+\d+\s+\d+%  (\d+x\d+/\d+)$", out, re.M))
     slices = "{BR}x{BK}/".format(**INTERPRETER_TILE.kwargs) + str(INTERPRETER_TILE.num_warps)

@@ -71,6 +71,17 @@ def test_ptx_sm90_and_sm100_triton_gemm_over_decoded_operands_uses_tensor_cores(
         assert r["wgmma" if cap == 90 else "tcgen05"] and r["shared"] >= 3 * 2 * 128 * 64 * 2, r
 
 
+def test_ptx_sm90_and_sm100_tma_gemm_over_decoded_operands_copies_tiles_with_the_tma(ptx_report):
+    """The same GEMM reading its tiles through tensor descriptors (``decoded_gemm_tma``, the benchmark's candidate):
+    bulk tensor copies (``cp.async.bulk.tensor``) feeding wgmma on sm_90 and tcgen05 on sm_100, its 256x128x64 tile
+    pipelined in three stages (144 KiB of shared memory) without spilling; the pointer-loading GEMM copies none."""
+    tma = {(r["kernel"], r["cap"]): r for r in ptx_report if r["kernel"].startswith("decoded_tma_gemm")}
+    assert sorted(tma) == [(f"decoded_tma_gemm_{f}", cap) for f in ("mxfp8", "nvfp4") for cap in (90, 100)]
+    for (_, cap), r in tma.items():
+        assert r["tma"] and r["wgmma" if cap == 90 else "tcgen05"] and r["shared"] >= 3 * 2 * (128 + 256) * 64, r
+    assert not any(r["tma"] for r in ptx_report if r["kernel"].startswith("decoded_triton_gemm"))
+
+
 def test_ptx_sm90_and_sm100_grouped_gemms_use_tensor_cores(ptx_report):
     """The experts' one-launch GEMMs (2d x 3d, and the wgrad's 2d x 2d): wgmma on sm_90 and tcgen05 on sm_100 for
     in-register NVFP4 and MXFP8 tiles and for pre-decoded bf16 tiles (the fp32 recompute has no tensor-core dot);

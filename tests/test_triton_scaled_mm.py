@@ -10,7 +10,12 @@ from autoprec.kernels import scaled_mm_decoded as decoded_module
 from autoprec.kernels.operand import KIND_BF16, as_operand
 from autoprec.kernels.quantized import QuantizedTensor
 from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode, unpack_nibbles
-from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
+from autoprec.kernels.scaled_mm_decoded import (
+    decode_bf16,
+    scaled_mm_decoded,
+    scaled_mm_decoded_tma,
+    scaled_mm_decoded_triton,
+)
 from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
 from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch, scaled_mm_triton
 
@@ -21,11 +26,13 @@ CASES = [("nvfp4", "nvfp4", False), ("nvfp4", "nvfp4", True), ("mxfp8", "mxfp8",
          ("mxfp8", "mxfp8_e5m2", False), ("mxfp8_e5m2", "nvfp4", True)]
 
 
-@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton, scaled_mm_decoded, scaled_mm_decoded_triton],
-                ids=["fp32_dot", "sm90_bf16_tensor_core", "sm90_decoded_cublas", "sm90_decoded_triton"])
+@pytest.fixture(params=[scaled_mm_triton, scaled_mm_tc_triton, scaled_mm_decoded, scaled_mm_decoded_triton,
+                        scaled_mm_decoded_tma],
+                ids=["fp32_dot", "sm90_bf16_tensor_core", "sm90_decoded_cublas", "sm90_decoded_triton",
+                     "sm90_decoded_tma"])
 def kernel(request):
     """The Triton matmuls (tiles decoded to fp32 with an fp32 dot, or to bf16 for tensor cores) and the
-    operands decoded to bf16 in memory for a library GEMM or Triton's."""
+    operands decoded to bf16 in memory for a library GEMM or Triton's (tiles loaded by pointers, or by the TMA)."""
     return request.param
 
 
@@ -87,6 +94,24 @@ def test_nan_block_propagates(kernel):
     qa, qb = quantize_ref(a, "nvfp4", 1), quantize_ref(torch.randn(64, 32), "nvfp4", 0)
     got = run(kernel, to_device(qa, DEVICE), to_device(qb, DEVICE))
     assert torch.isnan(got[5]).all() and torch.isfinite(got[[0, 1, 2, 4]]).all()
+
+
+@pytest.mark.parametrize("fmt,out_dtype", [("nvfp4", torch.float32), ("nvfp4", torch.bfloat16),
+                                           ("mxfp8", torch.float32), ("mxfp8", torch.bfloat16)])
+def test_sm90_tma_gemm_equals_the_pointer_gemm_at_the_same_tiles(fmt, out_dtype):
+    """Triton's GEMM over decoded operands with its tiles read through tensor descriptors (the TMA) is, at the same
+    tiles (so the same accumulation order), bit for bit the one reading them by pointers: M, N and K (96, two 64-wide
+    K tiles) all end in partial tiles, which the descriptors fill with zeros where the pointer loads mask; with
+    NVFP4's tensor scales and a bias."""
+    gen = torch.Generator().manual_seed(3)
+    x, w, bias = torch.randn(72, 96, generator=gen), torch.randn(96, 40, generator=gen), torch.randn(40, generator=gen)
+    a = as_operand(to_device(quantize_ref(x, fmt, 1), DEVICE), 1, "a")
+    b = as_operand(to_device(quantize_ref(w, fmt, 0), DEVICE), 0, "b")
+    bias = bias.to(DEVICE)
+    tiles = dict(blocks=(32, 32, 64), num_warps=4, num_stages=2)
+    want = scaled_mm_decoded_triton(a, b, bias, out_dtype, **tiles)
+    assert torch.equal(scaled_mm_decoded_tma(a, b, bias, out_dtype, **tiles), want)
+    assert torch.allclose(want.float().cpu(), qmm_ref(x, w, fmt, fmt) + bias.cpu(), rtol=2**-7, atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt,tile_rows", [("nvfp4", 1), ("nvfp4", 16), ("mxfp8", 1), ("mxfp8_e5m2", 1)])
