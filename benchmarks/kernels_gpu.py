@@ -176,8 +176,9 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
             peak)
         row(rig, "  decoded + Triton GEMM", lambda: scaled_mm_decoded_triton(oa, ob, None, torch.bfloat16), flops,
             ms_bf16, peak)
-        row(rig, "  decoded + Triton TMA GEMM", lambda: scaled_mm_decoded_tma(oa, ob, None, torch.bfloat16), flops,
-            ms_bf16, peak)
+        if capability >= (9, 0):  # the TMA: Hopper on
+            row(rig, "  decoded + Triton TMA GEMM", lambda: scaled_mm_decoded_tma(oa, ob, None, torch.bfloat16),
+                flops, ms_bf16, peak)
 
 
 def chosen_product(call) -> str:
