@@ -160,7 +160,7 @@ def scaled_mm_decoded(a: Operand, b: Operand, bias: torch.Tensor | None, out_dty
         products = {"cublas": lambda: _cublas(a, b, da, db, bias, out_dtype),
                     "triton": lambda: _triton_gemm(a, b, da, db, bias, out_dtype)}
         key = (size_bucket(a.rows), size_bucket(b.rows), size_bucket(a.k), a.kind, b.kind,
-               None if bias is None else bias.dtype, out_dtype, _cublas_rounds(a, b, bias, out_dtype))
+               None if bias is None else bias.dtype, out_dtype, _cublas_finishes(a, b, bias, out_dtype))
         return products[choose(key, products, da.device)]()
 
     return _exact(a, b, bias, out_dtype, product)
@@ -172,11 +172,15 @@ def scaled_mm_decoded_cublas(a: Operand, b: Operand, bias: torch.Tensor | None, 
     return _exact(a, b, bias, out_dtype, lambda da, db: _cublas(a, b, da, db, bias, out_dtype))
 
 
-def _cublas_rounds(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
-    """Whether cuBLAS rounds its own fp32 accumulator (plus a bf16 bias, which it adds in fp32) to the output (no
-    epilogue pass): no NVFP4 tensor scale, bf16 out."""
-    return (a.kind != KIND_NVFP4 and b.kind != KIND_NVFP4 and out_dtype == torch.bfloat16
-            and (bias is None or bias.dtype == torch.bfloat16))
+def _cublas_finishes(a: Operand, b: Operand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> bool:
+    """Whether cuBLAS's own output is the product (no epilogue pass): no NVFP4 tensor scale, and either bf16 out
+    (cuBLAS rounds its fp32 accumulator, plus a bf16 bias it adds in fp32, once) or fp32 out without a bias (the
+    accumulator itself)."""
+    if a.kind == KIND_NVFP4 or b.kind == KIND_NVFP4:
+        return False
+    if out_dtype == torch.bfloat16:
+        return bias is None or bias.dtype == torch.bfloat16
+    return out_dtype == torch.float32 and bias is None
 
 
 @contextlib.contextmanager
@@ -197,12 +201,15 @@ def fp32_split_k_sums():
 
 def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: torch.Tensor | None,
             out_dtype: torch.dtype) -> torch.Tensor:
-    """cuBLAS's product of the decoded ``da``, ``db`` and the epilogue pass (tensor scales of ``a``, ``b``, bias)."""
-    if _cublas_rounds(a, b, bias, out_dtype):  # cuBLAS rounds its fp32 accumulator (+ bias) once to bf16
+    """cuBLAS's product of the decoded ``da``, ``db``, then, unless cuBLAS's output is the product
+    (``_cublas_finishes``), the epilogue pass (tensor scales of ``a``, ``b``, bias, the rounding)."""
+    if _cublas_finishes(a, b, bias, out_dtype):
         if not da.is_cuda:
             acc = da.float() @ db.float().t()
             return (acc if bias is None else acc + bias.float()).to(out_dtype)
-        with fp32_split_k_sums():
+        if out_dtype == torch.float32:
+            return torch.mm(da, db.t(), out_dtype=torch.float32)
+        with fp32_split_k_sums():  # cuBLAS rounds its fp32 accumulator (+ bias) once to bf16
             out = torch.mm(da, db.t()) if bias is None else torch.addmm(bias, da, db.t())
     else:
         acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()

@@ -212,3 +212,26 @@ def test_decoded_mxfp8_to_bf16_is_cublas_rounding_its_fp32_sums(monkeypatch, bf1
         want = qmm_ref(a, b, "mxfp8", "mxfp8") + (0.0 if add is None else add.float())
         assert torch.allclose(got, want, rtol=2**-8, atol=2**-8 * want.abs().max().item())
     assert len(launches) == 1  # the fp32 bias's
+
+
+def test_decoded_fp32_out_takes_the_epilogue_only_for_tensor_scales_or_a_bias(monkeypatch):
+    """An fp32 product with no NVFP4 tensor scale and no bias (an fp32 model's MXFP8 or bf16 GEMMs) is cuBLAS's fp32
+    accumulator as it stands: no epilogue launch to copy it. NVFP4 operands (their tensor scales) and a bias (added
+    in fp32) take the epilogue. Every case equals the reference to fp32 accumulation order."""
+    launches = []
+    monkeypatch.setattr(decoded_module, "_epilogue_kernel", RecordedKernel(decoded_module._epilogue_kernel, launches))
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(40, 96, generator=gen), torch.randn(96, 24, generator=gen)
+    bias = torch.randn(24, generator=gen)
+    for fmt, add, epilogues in (("mxfp8", None, 0), ("bf16", None, 0), ("mxfp8", bias, 1), ("nvfp4", None, 1)):
+        launches.clear()
+        if fmt == "bf16":
+            qa, qb, want = a.bfloat16(), b.bfloat16(), a.bfloat16().float() @ b.bfloat16().float()
+        else:
+            qa, qb, want = quantize_ref(a, fmt, 1), quantize_ref(b, fmt, 0), qmm_ref(a, b, fmt, fmt)
+        qa, qb = (q.to(DEVICE) if fmt == "bf16" else to_device(q, DEVICE) for q in (qa, qb))
+        oa, ob = as_operand(qa, 1, "a"), as_operand(qb, 0, "b")
+        got = decoded_module.scaled_mm_decoded_cublas(oa, ob, None if add is None else add.to(DEVICE), torch.float32)
+        want = want if add is None else want + add
+        assert got.dtype == torch.float32 and len(launches) == epilogues, fmt
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
