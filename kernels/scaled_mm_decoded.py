@@ -203,24 +203,20 @@ def _cublas(a: Operand, b: Operand, da: torch.Tensor, db: torch.Tensor, bias: to
             out_dtype: torch.dtype) -> torch.Tensor:
     """cuBLAS's product of the decoded ``da``, ``db``, then, unless cuBLAS's output is the product
     (``_cublas_finishes``), the epilogue pass (tensor scales of ``a``, ``b``, bias, the rounding)."""
-    if _cublas_finishes(a, b, bias, out_dtype):
-        if not da.is_cuda:
-            acc = da.float() @ db.float().t()
-            return (acc if bias is None else acc + bias.float()).to(out_dtype)
-        if out_dtype == torch.float32:
-            return torch.mm(da, db.t(), out_dtype=torch.float32)
+    finishes = _cublas_finishes(a, b, bias, out_dtype)
+    if finishes and da.is_cuda and out_dtype == torch.bfloat16:
         with fp32_split_k_sums():  # cuBLAS rounds its fp32 accumulator (+ bias) once to bf16
-            out = torch.mm(da, db.t()) if bias is None else torch.addmm(bias, da, db.t())
-    else:
-        acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
-        m, n = acc.shape
-        out = torch.empty(m, n, device=acc.device, dtype=out_dtype)
-        ts = [op.tensor_scale if op.kind == KIND_NVFP4 else acc for op in (a, b)]
-        grid = (cdiv(m, EPILOGUE_M), cdiv(n, EPILOGUE_N))
-        _epilogue_kernel[grid](acc, *ts, bias if bias is not None else acc,
-                               out.view(torch.int16) if out_dtype == torch.bfloat16 else out, m, n, a.kind, b.kind,
-                               HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
-                               BN=EPILOGUE_N)
+            return torch.mm(da, db.t()) if bias is None else torch.addmm(bias, da, db.t())
+    acc = torch.mm(da, db.t(), out_dtype=torch.float32) if da.is_cuda else da.float() @ db.float().t()
+    if finishes:  # the fp32 accumulator itself, or on the CPU the rounding cuBLAS would do
+        return (acc if bias is None else acc + bias.float()).to(out_dtype)
+    m, n = acc.shape
+    out = torch.empty(m, n, device=acc.device, dtype=out_dtype)
+    ts = [op.tensor_scale if op.kind == KIND_NVFP4 else acc for op in (a, b)]
+    _epilogue_kernel[(cdiv(m, EPILOGUE_M), cdiv(n, EPILOGUE_N))](
+        acc, *ts, bias if bias is not None else acc, out.view(torch.int16) if out_dtype == torch.bfloat16 else out,
+        m, n, a.kind, b.kind, HAS_BIAS=bias is not None, OUT_BF16=out_dtype == torch.bfloat16, BM=EPILOGUE_M,
+        BN=EPILOGUE_N)
     return out
 
 
