@@ -171,9 +171,11 @@ def _tensor_scale(values: torch.Tensor) -> tuple[float, torch.Tensor]:
     return float(out[0]), out[1].clone()
 
 
-def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reference's scale chain (``nvfp4_core``) in C, from the block (or tile) amaxes."""
-    f, s_dec = _tensor_scale(amax)
+def _nvfp4_scales(amax: torch.Tensor, bad: torch.Tensor, given: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's scale chain (``nvfp4_core``) in C, from the block (or tile) amaxes; the tensor scale from
+    ``given`` (a static tensor amax, one fp32) where there is one."""
+    f, s_dec = _tensor_scale(amax if given is None else given)
     s_b, e_b = torch.empty_like(amax), torch.empty_like(amax)
     _call("nvfp4_scales", amax, bad, amax.numel(), f, float(s_dec), s_b, e_b)
     return s_b, e_b, s_dec
@@ -201,8 +203,10 @@ def _column_source(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int,
 
 
 def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axis: int, shape: torch.Size,
-                   seed: int | None, scale_mode: str, rht: bool, rht_signs: torch.Tensor | None) -> QuantizedTensor:
-    """``quantize_cpu`` through the column kernels (``src``, ``strides``: from ``_column_source``)."""
+                   seed: int | None, scale_mode: str, rht: bool, rht_signs: torch.Tensor | None,
+                   given: torch.Tensor | None) -> QuantizedTensor:
+    """``quantize_cpu`` through the column kernels (``src``, ``strides``: from ``_column_source``; ``given``: a
+    static tensor amax)."""
     k, rows = src.shape[-2], src.shape[-1]
     batch = src.numel() // (k * rows)
     if rht:
@@ -212,7 +216,7 @@ def _quantize_cols(src: torch.Tensor, strides: tuple[int, int], fmt: Format, axi
     sr, k1, k2 = _sr_keys(seed)
     stored = src.shape[:-2] + (rows, k)
     if fmt is NVFP4:
-        f, s_dec = _tensor_scale(src)
+        f, s_dec = _tensor_scale(src if given is None else given)
         codes = torch.empty(stored[:-1] + (k // 2,), dtype=torch.uint8)
         s_b = torch.empty(stored[:-1] + (k // BLOCK,), dtype=torch.float32)
         _call("nvfp4_quantize_cols", src, batch, k, rows, f, float(s_dec), sr, k1, k2, *strides, codes, s_b)
@@ -271,20 +275,22 @@ def _tile_rows(t: torch.Tensor, reduce) -> torch.Tensor:
 def quantize_cpu(
     x: torch.Tensor, fmt: Format, axis: int, *, seed: int | None = None, tile2d: bool = False,
     scale_mode: str = "rceil", rht: bool = False, rht_signs: torch.Tensor | None = None,
-    rows: slice | torch.Tensor | None = None, batches: slice | None = None,
+    rows: slice | torch.Tensor | None = None, batches: slice | None = None, amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """``dispatch.quantize`` on CPU for a validated, non-empty input: ``seed`` (the SR stream) selects
     stochastic rounding; ``rows`` (no tiles) quantizes only those indices of the other matrix dim
     (dim -2 when blocking along the last dim, the last dim when blocking along dim -2), of the batch items
-    ``batches`` (a 3D input's leading dim), with the whole tensor's tensor scale and SR bits."""
+    ``batches`` (a 3D input's leading dim), with the whole tensor's tensor scale and SR bits. ``amax``: NVFP4's
+    tensor amax given (int32 fp32 bits, ``dispatch.check_amax``), in place of the tensor's own."""
     axis = normalize_axis(axis, x.ndim)
+    given = None if amax is None else amax.reshape(1).view(torch.float32).cpu()
     tile_rows = BLOCK if tile2d else 1
     x = x.to(torch.float32)  # once (a no-op for fp32; keeps a transposed view's strides)
     if rows is None and not tile2d:
         check_blocks(x, fmt, axis)
         cols = _column_source(x, axis)
         if cols is not None:
-            return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs)
+            return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs, given)
     shape, whole, row_base, src_row = x.shape, None, None, None
     if rows is None:
         xm = blocked_view(x, fmt, axis, tile_rows)
@@ -294,7 +300,9 @@ def quantize_cpu(
     else:  # a part of the whole (transformed) tensor, which also gives NVFP4's tensor scale
         check_blocks(x, fmt, axis)
         moved = x.movedim(axis, -1)
-        if fmt is NVFP4 and rht:  # the transformed whole's finite amax, without writing the transform
+        if fmt is NVFP4 and given is not None:
+            whole = given
+        elif fmt is NVFP4 and rht:  # the transformed whole's finite amax, without writing the transform
             whole = torch.empty(1)
             flat = moved.contiguous()
             _call("rht16_amax", flat, flat.numel() // flat.shape[-1], flat.shape[-1], _c_signs(rht_signs), whole)
@@ -319,6 +327,7 @@ def quantize_cpu(
         scratch, bad = torch.empty(3 * nb), torch.empty(nb, dtype=torch.uint8)
         scales = torch.empty(xm.shape[:-1] + (k // BLOCK,), dtype=torch.uint8)
         s_dec, codes = torch.empty(()), torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
+        whole = given if whole is None else whole
         n_whole = 0 if whole is None else whole.numel()
         _call("nvfp4_quantize", _source(xm, src_row), src_row, n_rows, n, inner, row_base, whole, n_whole, sr, k1, k2,
               scratch, bad, scales, s_dec, codes)
@@ -327,7 +336,7 @@ def quantize_cpu(
         amax, bad = _amax(xm)
         if tile2d:
             amax, bad = _tile_rows(amax, torch.amax), _tile_rows(bad, torch.amax)
-        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous())
+        s_b, e_b, s_dec = _nvfp4_scales(amax.contiguous(), bad.contiguous(), given)
         e_rows = e_b.repeat_interleave(BLOCK, 0) if tile2d else e_b
         codes = torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
         _call("nvfp4_round_pack", xm, None, n_rows, n, e_rows.contiguous(), sr, k1, k2, inner, row_base, codes)

@@ -107,8 +107,9 @@ def quantize(
     scales, tensor scale and SR bits; the fused CPU kernels then quantize only that part. ``rows`` (block
     axis one of the last two dims, 1-D blocks; a slice or an index tensor) indexes the other of the two:
     rows when blocking along the last dim, else columns. ``batches`` indexes the leading dim of a 3D
-    tensor (a batched product's operand). ``amax``: NVFP4's tensor amax bits, computed already (``check_amax``);
-    the Triton quantizer takes them instead of its amax pass, the other paths (which find the same bits) do not."""
+    tensor (a batched product's operand). ``amax``: NVFP4's tensor amax bits (``check_amax``), used in place of the
+    tensor's own on every path: computed already by the graph (the same bits, so the Triton quantizer skips its amax
+    pass), or a static amax fixed beforehand (the RL phases' activation scales), above which blocks saturate."""
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
     check_amax(amax, fmt, rht)
     if (rows is not None or batches is not None) and (x.ndim < 2 or axis % x.ndim < x.ndim - 2 or tile2d):
@@ -121,7 +122,8 @@ def quantize(
         from autoprec.kernels.cpu_fused import quantize_cpu
 
         return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
-                            rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches)
+                            rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches,
+                            amax=amax)
     q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs, amax)
     return _part_of(q, rows, batches) if part else q
 
@@ -165,15 +167,15 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
             check_quantize_args(src, fmt, axis, "rne", False, scale_mode)
         amaxes = (amax, amax) if amax is not None else pair_amax(x, rows, cols, rht_signs)
 
-    def one(copy: QuantCopy, axis: int, amax: torch.Tensor | None) -> QuantizedTensor:
+    def one(copy: QuantCopy, axis: int, triton_amax: torch.Tensor | None) -> QuantizedTensor:
         src, axis = copy.source(x, axis)
-        if amax is not None:
+        if triton_amax is not None:
             from autoprec.kernels.quantize_triton import quantize_triton
 
             return quantize_triton(src, fmt, axis, seed=copy.seed, scale_mode=scale_mode, rht=copy.rht,
-                                   rht_signs_=rht_signs, amax=amax)
+                                   rht_signs_=rht_signs, amax=triton_amax)
         return quantize(src, fmt, axis, rounding="rne" if copy.seed is None else "sr", seed=copy.seed or 0,
-                        scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs)
+                        scale_mode=scale_mode, rht=copy.rht, rht_signs=rht_signs, amax=amax)
 
     return one(rows, 1, amaxes[0]), one(cols, 0, amaxes[1])
 
@@ -216,7 +218,7 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
         from autoprec.kernels.cpu_fused import quantize_cpu
 
         return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
-                            scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+                            scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, amax=amax)
     rand = rand if rounding == "sr" else None
     if use_triton(x.device, quantize_supports(x)):
         from autoprec.kernels.quantize_triton import quantize_triton
@@ -228,7 +230,7 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
         rand = sr_bits(x.shape, int(seed), x.device)
     if rht:
         x = rht_ref(x, axis, rht_signs)
-    return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode)
+    return quantize_ref(x, fmt, axis, rounding=rounding, rand=rand, tile2d=tile2d, scale_mode=scale_mode, amax=amax)
 
 
 def _part_of(q: QuantizedTensor, rows: slice | torch.Tensor | None, batches: slice | None) -> QuantizedTensor:

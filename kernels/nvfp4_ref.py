@@ -60,11 +60,13 @@ def quantize_nvfp4_ref(
     *,
     tile2d: bool = False,
     rand: torch.Tensor | None = None,
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` to NVFP4 in blocks of 16 along ``axis`` (16x16 tiles with ``tile2d``).
 
     ``rand`` (int32, x's shape) switches element rounding to stochastic; scales always round to
-    nearest even.
+    nearest even. ``amax`` (the fp32 bits of a tensor amax in one int32) replaces x's own finite amax in the
+    tensor scale: a static scale fixed beforehand, under which blocks above it saturate their E4M3 scale.
     """
     tile_rows = BLOCK if tile2d else 1
     xm = blocked_view(x, NVFP4, axis, tile_rows)
@@ -73,7 +75,8 @@ def quantize_nvfp4_ref(
     if xm.numel() == 0:
         codes, s_b, s_dec = _empty_parts(xm, tile_rows)
     else:
-        codes, s_b, s_dec = reference_core(nvfp4_core)(xm, r, tile_rows)
+        given = None if amax is None else amax.reshape(()).view(torch.float32)
+        codes, s_b, s_dec = reference_core(nvfp4_core)(xm, r, tile_rows, given)
     return QuantizedTensor(NVFP4, codes, s_b.to(torch.float8_e4m3fn), s_dec, axis, x.shape, tile_rows)
 
 
@@ -86,13 +89,13 @@ def _empty_parts(xm: torch.Tensor, tile_rows: int) -> tuple[torch.Tensor, torch.
 
 
 def nvfp4_core(
-    xm: torch.Tensor, r: torch.Tensor | None, tile_rows: int
+    xm: torch.Tensor, r: torch.Tensor | None, tile_rows: int, amax_t: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tensor part of the quantizer on the blocked fp32 view: packed codes, fp32 block scales, S_dec.
-    The tensor amax is the max of the block amaxes, which leave NaN/Inf out."""
+    The tensor amax is ``amax_t`` where given, else the max of the block amaxes, which leave NaN/Inf out."""
     blocks = _tile(xm, tile_rows)
     amax_b, bad = block_amax(blocks)
-    s_enc = nvfp4_encode_scale(amax_b.amax())
+    s_enc = nvfp4_encode_scale(amax_b.amax() if amax_t is None else amax_t)
     s_dec = 1.0 / s_enc
     s_b = round_to_element(amax_b * scale_to_block(s_enc), E4M3)
     s_b = torch.where(bad, float("nan"), s_b)

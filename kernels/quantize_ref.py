@@ -43,12 +43,13 @@ def quantize_ref(
     rand: torch.Tensor | None = None,
     tile2d: bool = False,
     scale_mode: str = "rceil",
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` into a block format, blocked along ``axis``.
 
     ``rounding="sr"`` rounds elements stochastically with random bits from ``seed`` (or the given
     ``rand``, int32 of x's shape). ``tile2d`` (NVFP4 only) uses 16x16 tiles; ``scale_mode`` (MXFP8
-    only) is ``rceil`` or ``floor``.
+    only) is ``rceil`` or ``floor``; ``amax`` (NVFP4 only) a given tensor amax (``quantize_nvfp4_ref``).
     """
     fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
     if rounding == "sr" and rand is None:
@@ -56,7 +57,7 @@ def quantize_ref(
     elif rounding == "rne":
         rand = None
     if fmt is NVFP4:
-        return quantize_nvfp4_ref(x, axis, tile2d=tile2d, rand=rand)
+        return quantize_nvfp4_ref(x, axis, tile2d=tile2d, rand=rand, amax=amax)
     return quantize_mxfp8_ref(x, axis, fmt=fmt, scale_mode=scale_mode, rand=rand)
 
 
