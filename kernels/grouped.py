@@ -96,20 +96,26 @@ def grouped_mm(
     step: torch.Tensor | int = 0,
     scale_mode: str = "rceil",
     out_dtype: torch.dtype | None = None,
+    amax_a: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The grouped product of ``a`` and ``b`` (see the module doc for layouts) in ``fmt``: each group the dense
     GEMM ``dispatch.scaled_mm`` of its own quantized operands (``exact``: ``torch.mm`` in the operands' dtype), run
     on the path the module doc describes. Outside ``exact``, an output dtype the kernels do not write (float16) is
-    their float32 product rounded once, as ``dispatch.scaled_mm`` rounds it."""
+    their float32 product rounded once, as ``dispatch.scaled_mm`` rounds it. ``amax_a``: a static NVFP4 tensor
+    amax (int32 fp32 bits) for every token group of a 2d x 3d product's ``a`` in place of each group's own, so a
+    token's quantization does not depend on the tokens routed with it (the RL phases)."""
     layout = grouped_layout(a.ndim, b.ndim, offs is not None)
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
+    if amax_a is not None and (layout != "2d3d" or fmt != "nvfp4"):
+        raise ValueError(f"grouped_mm(amax_a=...): a static amax is for the NVFP4 tokens of a 2d x 3d product, got "
+                         f"format {fmt} with layout {layout}")
     out_dtype = out_dtype or a.dtype
     if fmt != EXACT and dispatch.kernel_out_dtype(out_dtype) != out_dtype:
         return grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b, rht=rht,
                           rht_signs=rht_signs, seeds=seeds, step=step, scale_mode=scale_mode,
-                          out_dtype=torch.float32).to(out_dtype)
+                          out_dtype=torch.float32, amax_a=amax_a).to(out_dtype)
     shape = grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
     if not a.numel() or not b.numel():  # no tokens, experts or features: nothing to sum
         return a.new_zeros(shape, dtype=out_dtype)
@@ -121,7 +127,8 @@ def grouped_mm(
         if layout == "3d3d":
             qa = _item_rows(a, rounding_a, seeds[0], quantize)
         else:
-            qa = grouped_dispatch.quantize_row_groups(a, offs=offs, rounding=rounding_a, seed=seeds[0], **quantize)
+            qa = grouped_dispatch.quantize_row_groups(a, offs=offs, rounding=rounding_a, seed=seeds[0], amax=amax_a,
+                                                      **quantize)
         qb = grouped_dispatch.quantize_batches(b, rounding=rounding_b, seed=seeds[1], tile2d=tile2d_b, **quantize)
         return grouped_dispatch.experts_mm(qa, qb, offs, out_dtype, route.path).view(shape)
     if route.kind == "wgrad":
@@ -149,7 +156,8 @@ def grouped_mm(
     for g, slot, ag, bg in groups:
         k = grouped_dispatch.whole_blocks(ag.shape[1], f)  # each group's reduction, to whole blocks
         ag, bg = grouped_dispatch.zero_padded(ag, 1, k), grouped_dispatch.zero_padded(bg, 0, k)
-        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs)
+        qa = _quantize(ag, fmt, 1, rounding_a, group_seed(seeds[0], g), step, False, scale_mode, rht, rht_signs,
+                       amax_a)
         qb = _quantize(bg, fmt, 0, rounding_b, group_seed(seeds[1], g), step, tile2d_b, scale_mode, rht, rht_signs)
         quantized.append((g, slot, qa, qb))
     out = a.new_zeros(shape, dtype=out_dtype)
@@ -168,6 +176,6 @@ def _item_rows(a: torch.Tensor, rounding: str, seed: int, quantize: dict) -> Qua
                            torch.Size((items * m, q.shape[1])))
 
 
-def _quantize(x, fmt, axis, rounding, seed, step, tile2d, scale_mode, rht, rht_signs):
+def _quantize(x, fmt, axis, rounding, seed, step, tile2d, scale_mode, rht, rht_signs, amax=None):
     return dispatch.quantize(x, fmt, axis, rounding=rounding, seed=sr_stream(seed, step) if rounding == "sr" else 0,
-                             tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+                             tile2d=tile2d, scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, amax=amax)

@@ -42,22 +42,25 @@ def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
 
 def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, *, rounding: str = "rne",
                         seed: int = 0, step: torch.Tensor | int = 0, scale_mode: str = "rceil", rht: bool = False,
-                        rht_signs: torch.Tensor | None = None, pad_k: bool = False) -> QuantizedGroups:
+                        rht_signs: torch.Tensor | None = None, pad_k: bool = False,
+                        amax: torch.Tensor | None = None) -> QuantizedGroups:
     """Each row group of 2D ``x`` (between the cumulative ends ``offs``) quantized along dim 1 on its own, as a
     grouped GEMM's token operand is: NVFP4 with the group's own tensor scale (1 for an empty group), SR bits from
     the stream ``sr_stream(group_seed(seed, g), step)``. Where Triton runs, every group in one launch (two more
     for NVFP4's amaxes), ``offs`` and ``step`` read on the device; elsewhere one quantization per group. Rows past
     the last offset hold codes no product reads. ``pad_k``: x as if zero-padded along dim 1 to whole blocks (the
-    zeros made in the kernel where Triton runs, a padded copy elsewhere)."""
+    zeros made in the kernel where Triton runs, a padded copy elsewhere). ``amax``: NVFP4's static tensor amax
+    (``dispatch.check_amax``) for every group, in place of each group's own."""
     if x.ndim != 2:
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
     fmt, kp = _checked_reduction(x, fmt, pad_k, rounding, False, scale_mode)
+    dispatch.check_amax(amax, fmt, rht)
     if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
         from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
 
         codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
                                                        step=_device_step(step, x.device), scale_mode=scale_mode,
-                                                       rht=rht, rht_signs_=rht_signs, k_padded=kp)
+                                                       rht=rht, rht_signs_=rht_signs, k_padded=kp, amax=amax)
         return QuantizedGroups(fmt, codes, scales, ts, torch.Size((x.shape[0], kp)))
     x = zero_padded(x, 1, kp)
     bounds, step = group_bounds(offs, x.shape[0]), int(step)
@@ -68,7 +71,7 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
     for g, (s, e) in enumerate(bounds):
         if e > s:
             q = dispatch.quantize(x[s:e], fmt, 1, rounding=rounding, seed=sr_stream(group_seed(seed, g), step),
-                                  scale_mode=scale_mode, rht=rht, rht_signs=rht_signs)
+                                  scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, amax=amax)
             codes[s:e], scales[s:e] = q.codes.view(torch.uint8), q.scales.view(torch.uint8)
             if ts is not None:
                 ts[g] = q.tensor_scale

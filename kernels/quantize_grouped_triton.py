@@ -147,13 +147,15 @@ def seed_arg(seed: int | None) -> int:
 
 def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor, *, seed: int | None,
                                step: torch.Tensor, scale_mode: str = "rceil", rht: bool = False,
-                               rht_signs_: torch.Tensor | None = None, k_padded: int | None = None
+                               rht_signs_: torch.Tensor | None = None, k_padded: int | None = None,
+                               amax: torch.Tensor | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(codes, scales, per-group decode scales: E fp32 for NVFP4, else None) of 2D ``x`` quantized along dim 1,
     each row group on its own; laid out as ``quantize_triton`` lays out x's quantization, so group g's codes and
     scales are rows ``offs[g-1]:offs[g]``. ``seed``: the operand's SR seed (None: round to nearest); ``step``:
     the model's call counter (an int64 device scalar), read on the device. ``k_padded``: quantize x as if
-    zero-padded to that many columns (whole blocks), the zeros made in the kernel."""
+    zero-padded to that many columns (whole blocks), the zeros made in the kernel. ``amax``: NVFP4's static tensor
+    amax bits for every group (no amax pass then)."""
     n_rows, k_loaded = x.shape
     k = k_padded or k_loaded
     groups = offs.shape[0]
@@ -163,10 +165,13 @@ def quantize_row_groups_triton(x: torch.Tensor, fmt: Format, offs: torch.Tensor,
     grid = lambda meta: (cdiv(n_rows, meta["BR"]), cdiv(k, meta["BK"]))  # noqa: E731
     common = dict(EP=ep, RHT=rht, SR=seed is not None)
     if fmt is NVFP4:
-        amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
-        tile = fixed_tile(AMAX_TILE, INTERPRETER_TILE)
-        _group_amax_kernel[(cdiv(n_rows, tile["BR"]),)](x, mt, offs, amax, n_rows, k_loaded, x.stride(0), x.stride(1),
-                                                       groups, EP=ep, RHT=rht, **tile)
+        if amax is not None:
+            amax = amax.reshape(1).expand(groups + 1).contiguous()
+        else:
+            amax = torch.zeros(groups + 1, device=x.device, dtype=torch.int32)
+            tile = fixed_tile(AMAX_TILE, INTERPRETER_TILE)
+            _group_amax_kernel[(cdiv(n_rows, tile["BR"]),)](x, mt, offs, amax, n_rows, k_loaded, x.stride(0),
+                                                           x.stride(1), groups, EP=ep, RHT=rht, **tile)
         codes = torch.empty(n_rows, k // 2, device=x.device, dtype=torch.uint8)
         scales = torch.empty(n_rows, k // 16, device=x.device, dtype=torch.uint8)
         s_dec = torch.empty(groups, device=x.device, dtype=torch.float32)

@@ -77,3 +77,25 @@ def test_every_path_takes_the_given_amax(monkeypatch, mode, case):
         got = dispatch.quantize(src, "nvfp4", axis, rounding=rounding, seed=seed, tile2d=case == "tiles", amax=amax)
     assert_same(got, want)
     assert want.tensor_scale.item() == F32(1.0) / F32(F32(2688.0) / F32(1.5))
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_grouped_tokens_take_the_static_amax(monkeypatch, mode):
+    """A 2d x 3d experts product with a static amax for its tokens: each token's quantization (so its output row)
+    is the same whichever tokens share its expert, on the CPU loop and the Triton grouped quantizer alike."""
+    from autoprec.kernels.grouped import grouped_mm
+
+    monkeypatch.setenv("AUTOPREC_KERNELS", mode)
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(48, 32, generator=gen), torch.randn(3, 32, 16, generator=gen)
+    a[12] *= 10  # the first expert's own amax is not that of its first 8 tokens
+    amax = bits(2.0)
+    full = grouped_mm(a, b, torch.tensor([16, 32, 48], dtype=torch.int32), "nvfp4", amax_a=amax,
+                      out_dtype=torch.float32)
+    alone = grouped_mm(a[:8], b, torch.tensor([8, 8, 8], dtype=torch.int32), "nvfp4", amax_a=amax,
+                       out_dtype=torch.float32)
+    assert torch.equal(full[:8], alone)
+    dynamic = grouped_mm(a[:8], b, torch.tensor([8, 8, 8], dtype=torch.int32), "nvfp4", out_dtype=torch.float32)
+    assert not torch.equal(full[:8], dynamic)  # each group's own amax: the tokens routed with it count
+    with pytest.raises(ValueError, match="amax_a"):
+        grouped_mm(a, b, torch.tensor([16, 32, 48], dtype=torch.int32), "mxfp8", amax_a=amax)
