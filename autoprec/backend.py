@@ -87,6 +87,7 @@ class _Variant:
         self.module_names = {str(id(m)): n for n, m in named_modules(root)} if root else {}
         self.label: str | None = None
         self.calibrating_fn: Callable | None = None
+        self.mutates_inputs = False  # an inference graph that writes its inputs (a static KV cache) is not run twice
         # the planned function of each (re-calibration, schedule phase), compiled on first need
         self.fns: dict[tuple[int, int], Callable] = {}
         self.compiling_phase = 0
@@ -127,7 +128,25 @@ class _Variant:
         # filled on the graph's device (a kernel taking the count as an argument: no copy from the host)
         step = torch.full((), self.state.next_step() ^ self.step_offset, dtype=torch.int64,
                           device=self.owner.step_device)
-        return self.compiled()(*args, step)
+        fn = self.compiled()
+        out = fn(*args, step)
+        if fn is self.calibrating_fn and self._replays():
+            planned = self.compiled()
+            if planned is not self.calibrating_fn:  # this call fixed the plan: its outputs in the plan's numerics
+                out = planned(*args, step)
+        return out
+
+    def _replays(self) -> bool:
+        """Whether an inference call that calibrated runs again under the plan it fixed, so that what it returns
+        (a sampler's first logits, the KV cache of its prompts) is the plan's, as the RL phases need; not where
+        the graph mutates its inputs, which a second run would mutate again (that call stays high precision and
+        the plan says so)."""
+        if not (self.opts.rl and self.label and self.label.startswith("infer")):
+            return False
+        if self.mutates_inputs:
+            self.state.failures.append(f"{self.label} mutates its inputs, so its calibrating call was not run again "
+                                       f"under the plan: that call's outputs are high precision")
+        return not self.mutates_inputs
 
     def _aot(self, partition: Callable, compiler: Callable, inference: Callable) -> Callable:
         """AOTAutograd on fakes of dynamo's example inputs (``_backend_fakes``), inside dynamo's tracing context,
@@ -307,6 +326,8 @@ class _Variant:
         return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
     def _inference_calibrate(self, gm: fx.GraphModule, example_inputs):
+        meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+        self.mutates_inputs = bool(getattr(meta, "num_mutated_inp_runtime_indices", 0))
         self._tag(gm, None)
         return self._interpreter(gm, example_inputs, on_end=self._end_run)
 

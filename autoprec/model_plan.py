@@ -52,8 +52,11 @@ class ModelPlan:
         self._variants: list[weakref.ref] = []
         auto = opts.recipe == "auto" and opts.plan is None
         recalibrates = requested.recalibrate_every is not None  # also when a restored plan runs first
-        self.calibration = Calibration(opts.mx_scale, opts.seed, opts.measure) if auto or recalibrates else None
-        self.fixed = not auto
+        # a preset with static activation scales calibrates too, to measure its activations' amaxes only
+        scales = opts.static_activations and opts.plan is None and opts.recipe not in ("bf16", "mxfp8")
+        scope = opts.measure if auto or recalibrates else "amax"
+        self.calibration = Calibration(opts.mx_scale, opts.seed, scope) if auto or recalibrates or scales else None
+        self.fixed = not (auto or scales)
         self.recalibrated: list[int] = []  # training steps after which re-calibrations began (recalibrate_every)
         self._module_names = list(dict.fromkeys(n for n, _ in named_modules(root, True))) if root is not None else None
         self._assigner = Assigner(opts, self.calibration, self._module_names) if root is not None else None
@@ -103,7 +106,10 @@ class ModelPlan:
         those already made for these keys."""
         self.register(specs)
         todo = [s for s in specs if s.key not in self.decisions]
-        self._add(self.assigner(specs).choose(todo, only_forced=True))
+        assigner = self.assigner(specs)
+        # one that needs static activation amaxes nobody has measured yet waits for calibration to measure them
+        self._add({k: c for k, c in assigner.choose(todo, only_forced=True).items()
+                   if not assigner.pending_amax(self.specs[k], c)})
         return {s.key: self.decisions[s.key] for s in specs if s.key in self.decisions}
 
     def fix(self) -> None:
@@ -316,10 +322,11 @@ def reduce_across_ranks(calibration: Calibration) -> None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (calibration.stats, calibration.problems, calibration.group_tokens))
+    dist.all_gather_object(gathered, (calibration.stats, calibration.problems, calibration.group_tokens,
+                                      calibration.amaxes))
     merged = Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope)
-    for stats, problems, tokens in gathered:
+    for stats, problems, tokens, amaxes in gathered:
         merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope, stats, problems,
-                                 tokens))
+                                 tokens, amaxes))
     calibration.stats, calibration.problems = merged.stats, merged.problems
-    calibration.group_tokens = merged.group_tokens
+    calibration.group_tokens, calibration.amaxes = merged.group_tokens, merged.amaxes

@@ -12,7 +12,9 @@ from autoprec.overrides import parse_rules
 from autoprec.plan import Plan, is_int, is_real
 
 RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
-PHASES = ("pretrain", "rl_sampler", "rl_trainer")
+PHASES = ("pretrain", "rl_sampler", "rl_trainer", "rl")
+RL_PHASES = PHASES[1:]
+ACTIVATION_SCALES = ("dynamic", "static")
 INNER = ("aot_eager", "inductor")
 SCALE_MODES = ("rceil", "floor")
 COSTS = ("roofline", "at_scale")
@@ -27,7 +29,12 @@ class CompileOptions:
 
     recipe: ``auto`` (calibrate, then solve) or a preset: ``bf16``, ``mxfp8``, ``nvfp4`` (every GEMM,
         round-to-nearest), ``nvfp4_nvidia`` (NVIDIA's published NVFP4 recipe).
-    phase: ``pretrain``, ``rl_sampler`` (inference) or ``rl_trainer`` (forward copied from ``match``).
+    phase: ``pretrain``, ``rl_sampler`` (inference), ``rl_trainer`` (forward copied from ``match``) or ``rl``
+        (one policy that both samples and trains, as TRL's GRPOTrainer runs it). In the RL phases every forward
+        GEMM's output row depends only on its own input row and the weights (docs/rl.md).
+    activation_scale: NVFP4's tensor scale of forward activations: ``dynamic`` (each tensor's own amax, the
+        pretraining default) or ``static`` (an amax fixed at calibration, as inference engines' ``input_global_scale``;
+        the default in the RL phases, where it makes the forward batch-invariant).
     calibrate: high-precision calibration steps before the plan is fixed (``auto`` only).
     measure: what calibration scores, ``eligible`` (the configurations the solver may pick) or ``all`` (also
         round-to-nearest on gradients and SR without the RHT on wgrad, which it never picks; slower, for
@@ -71,6 +78,16 @@ class CompileOptions:
     reference_shapes: dict = field(default_factory=dict)
     grad_weights: dict = field(default_factory=dict)
     recalibrate_every: int | None = None
+    activation_scale: str | None = None
+
+    @property
+    def rl(self) -> bool:
+        return self.phase in RL_PHASES
+
+    @property
+    def static_activations(self) -> bool:
+        """Whether forward activations take a static NVFP4 tensor scale (option ``activation_scale``)."""
+        return (self.activation_scale or ("static" if self.rl else "dynamic")) == "static"
 
     def __post_init__(self) -> None:
         choices = (("recipe", RECIPES), ("phase", PHASES), ("inner", INNER), ("mx_scale", SCALE_MODES),
@@ -80,6 +97,11 @@ class CompileOptions:
             _need(name, value, isinstance(value, str), "a string")
             if value not in valid:
                 raise ValueError(f"autoprec option {name}={value!r} is not valid; choose from {', '.join(valid)}")
+        if self.activation_scale is not None:
+            _need("activation_scale", self.activation_scale, isinstance(self.activation_scale, str), "a string or None")
+            if self.activation_scale not in ACTIVATION_SCALES:
+                raise ValueError(f"autoprec option activation_scale={self.activation_scale!r} is not valid; choose "
+                                 f"from {', '.join(ACTIVATION_SCALES)}")
         for name in ("seed", "calibrate"):
             value = getattr(self, name)
             _need(name, value, is_int(value), "an int")

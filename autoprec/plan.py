@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -10,8 +11,8 @@ from autoprec.cost import HARDWARE, get_hardware
 from autoprec.formats import FORMATS, get_format
 from autoprec.roles import MatmulRole
 
-SCHEMA_VERSION = 3  # 2 added weight_shape, 3 groups / group_tokens; older files still load
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4  # 2 added weight_shape, 3 groups / group_tokens, 4 input_amax; older files still load
+READABLE_VERSIONS = (1, 2, 3, 4)
 ROUNDINGS = ("rne", "sr")
 REQUIRED = ("site", "module", "role", "shape", "batch", "fmt")
 
@@ -60,6 +61,9 @@ FIELD_RULES = {
                      "a list of numbers or null"),
     "group_err": (lambda v: v is None or (isinstance(v, (list, tuple)) and all(map(is_real, v))),
                   "a list of numbers or null"),
+    "input_amax": (lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) == 2 and all(
+        x is None or (is_real(x) and math.isfinite(x) and x >= 0) for x in v)), "[a, b] of finite amaxes >= 0 or "
+                   "nulls, or null"),
 }
 
 
@@ -76,7 +80,9 @@ class Decision:
     traced shapes (roofline), ``ref_seconds`` and ``ref_bf16_seconds`` at the reference shapes (at_scale.py).
     A grouped (experts) GEMM has ``groups`` experts, each group quantized on its own, and
     ``group_tokens``: each expert's mean token count in calibration (what ``seconds`` is costed at), and
-    ``group_err``: each expert's relative error in the chosen configuration.
+    ``group_err``: each expert's relative error in the chosen configuration. ``input_amax``: the static NVFP4
+    tensor amax of each operand (a, b) whose scale is fixed (the RL phases' activations: ``docs/rl.md``), None
+    for an operand scaled by its own amax.
     """
 
     site: int
@@ -107,6 +113,7 @@ class Decision:
     groups: int | None = None
     group_tokens: tuple[float, ...] | None = None
     group_err: tuple[float, ...] | None = None
+    input_amax: tuple[float | None, float | None] | None = None
 
     def __post_init__(self) -> None:
         for name, (ok, valid) in FIELD_RULES.items():
@@ -142,7 +149,7 @@ class Decision:
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}; a decision needs {', '.join(REQUIRED)}")
-        listed = ("shape", "seeds", "weight_shape", "graphs", "group_tokens", "group_err")
+        listed = ("shape", "seeds", "weight_shape", "graphs", "group_tokens", "group_err", "input_amax")
         tuples = {k: tuple(d[k]) for k in listed if isinstance(d.get(k), list)}
         try:
             return cls(**{**d, **tuples})

@@ -193,11 +193,12 @@ def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_row
 def grouped_mm(
     a: Tensor, b: Tensor, offs: Tensor | None, fmt: str, rounding_a: str, rounding_b: str, tile2d_b: bool,
     rht: bool, seed_a: int, seed_b: int, scale_mode: str, rht_seed: int, step: Tensor, out_dtype: torch.dtype,
+    amax_a: Tensor | None = None,
 ) -> Tensor:
     """``grouped.grouped_mm`` (an experts GEMM, see its layouts) in ``fmt``: ``exact`` (the traced op's
     product), ``bf16`` or a block format, each group quantized on its own with SR streams from
-    ``seed_a`` / ``seed_b`` and ``step``. Inside a CUDA graph capture, a call that would read the host raises,
-    naming why (a capture cannot hold the read)."""
+    ``seed_a`` / ``seed_b`` and ``step`` (``amax_a``: the tokens' static NVFP4 amax). Inside a CUDA graph capture,
+    a call that would read the host raises, naming why (a capture cannot hold the read)."""
     if a.is_cuda and torch.cuda.is_current_stream_capturing():
         layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
         groups = grouped.group_count(a.shape, None if offs is None else offs.shape, layout)
@@ -207,14 +208,14 @@ def grouped_mm(
             raise RuntimeError(f"autoprec grouped_mm inside a CUDA graph capture would read the host: {why}")
     return grouped.grouped_mm(a, b, offs, fmt, rounding_a=rounding_a, rounding_b=rounding_b, tile2d_b=tile2d_b,
                               rht=rht, rht_signs=rht_signs(rht_seed) if rht else None, seeds=(seed_a, seed_b),
-                              step=step, scale_mode=scale_mode, out_dtype=out_dtype)
+                              step=step, scale_mode=scale_mode, out_dtype=out_dtype, amax_a=amax_a)
 
 
 _op(name="grouped_mm_on_device")(grouped_mm)
 
 
 def _grouped_fake(a, b, offs, fmt, rounding_a, rounding_b, tile2d_b, rht, seed_a, seed_b, scale_mode, rht_seed, step,
-                  out_dtype):
+                  out_dtype, amax_a=None):
     layout = grouped.grouped_layout(a.ndim, b.ndim, offs is not None)
     shape = grouped.grouped_output_shape(a.shape, b.shape, None if offs is None else offs.shape, layout)
     return a.new_empty(shape, dtype=out_dtype)

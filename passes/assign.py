@@ -24,6 +24,10 @@ from autoprec.roles import MatmulRole
 from autoprec.solver import solve_mckp
 
 SDPA_REASON = "fused scaled_dot_product_attention: left to its kernel, in the input dtype"
+RL_ACTIVATIONS_REASON = ("RL phase: a product of two activations (attention's) runs BF16, since blocks along its "
+                         "reduction would span tokens (p·v), and a row would then depend on other rows and on the KV "
+                         "length while decoding")
+NO_AMAX_REASON = "static activation scale: calibration never saw this GEMM's input"
 NVIDIA_BF16_TAIL = 0.15  # nvfp4_nvidia keeps the last ~15% of blocks (and the head) in BF16
 Choice = tuple[C.Candidate, str]
 
@@ -68,6 +72,7 @@ class Assigner:
             check_rules_match(rules, module_names)
         self.plan_file = _by_key(opts.plan, "plan", module_names)
         self.match = _by_key(opts.match, "match", module_names)
+        self.given_amax: dict[GemmKey, tuple] = {}  # static activation amaxes of the plan file's or match's decisions
         self.position = {name: i for i, name in enumerate(module_names)}
         blocks = [(block_index(n), i) for i, n in enumerate(module_names) if block_index(n) is not None]
         self.n_blocks = max(b for b, _ in blocks) + 1 if blocks else 0
@@ -81,16 +86,39 @@ class Assigner:
             if d is None:
                 raise ValueError(f"autoprec option plan: no decision for {g.key}; it was made for another model")
             _check_shape(d, g, "plan")
+            self._take_amax(d, "plan")
             return _candidate_of(d), f"plan file: {d.reason}"
         if self.match is not None and g.role is MatmulRole.FPROP:
             d = self.match.get(g.key)
             if d is None:
-                raise ValueError(f"autoprec option match: the sampler plan has no fprop for {g.module!r}")
+                raise ValueError(f"autoprec option match: the sampler plan has no fprop for {g.module!r} (a GEMM the "
+                                 f"sampler never ran: dropout or another attention path in training? RL trainers run "
+                                 f"with dropout off)")
             _check_shape(d, g, "match")
+            self._take_amax(d, "match")
             return _candidate_of(d), "matched to the rl_sampler plan"
         owner = GemmOwner(g.stack_ids, g.weight_id, g.frame_params)
         hit = annotation_for(owner, g.role) or rule_for(self.rules, g.module, g.role)
         return (default_candidate(hit[0], g.role), hit[1]) if hit else None
+
+    def _take_amax(self, d: Decision, option: str) -> None:
+        """Keep a loaded decision's static activation amaxes; one that runs NVFP4 forward with dynamic scales
+        cannot be reproduced under static ones (nor the other way round), which is an error, not a silent change."""
+        if d.input_amax is not None:
+            self.given_amax[d.key] = d.input_amax
+        elif self.needs_amax(d.role, d.fmt) and option == "match":
+            raise ValueError(f"autoprec option match: the sampler plan runs {d.module!r} fprop in NVFP4 with dynamic "
+                             f"activation scales, and this trainer uses static ones (activation_scale): compile the "
+                             f"sampler in phase 'rl_sampler' (or give both the same activation_scale)")
+
+    def needs_amax(self, role: MatmulRole, fmt: str, batched_experts: bool = False) -> bool:
+        """Whether a GEMM run as ``fmt`` in ``role`` takes static activation scales under these options."""
+        return self.opts.static_activations and role is MatmulRole.FPROP and fmt == "nvfp4" and not batched_experts
+
+    def pending_amax(self, g: GemmSpec, choice: Choice) -> bool:
+        """A choice that needs static activation amaxes nobody has measured yet (calibration will)."""
+        return (self.needs_amax(g.role, choice[0].fmt, g.layout == "3d3d") and g.key not in self.given_amax
+                and not (self.calibration and g.key in self.calibration.amaxes))
 
     def scheduled(self, g: GemmSpec, phase: int) -> Choice | None:
         """The choice the schedule's phases 1..``phase`` impose on ``g`` (a later phase wins), or None."""
@@ -129,6 +157,8 @@ class Assigner:
                 continue
             elif g.sdpa:
                 out[g.key] = (C.BF16, SDPA_REASON)
+            elif self.opts.rl and g.role is MatmulRole.FPROP and not g.has_weight:
+                out[g.key] = (C.BF16, RL_ACTIVATIONS_REASON)
             elif self.opts.recipe == "nvfp4_nvidia":
                 out[g.key] = self.nvidia(g)
             elif self.opts.recipe != "auto":
@@ -221,6 +251,16 @@ class Assigner:
             c, reason = replace(c, tile2d=False), f"{reason}; {tiles}: 1x16 blocks instead"
         if g.scaled_addmm:
             c, reason = C.BF16, "addmm with alpha/beta scaling: not rewritten"
+        amax = None
+        if self.needs_amax(g.role, c.fmt) and g.layout == "3d3d":
+            c, reason = C.BF16, f"{reason}; static activation scales: a 3d x 3d experts product takes none yet, BF16"
+        elif self.needs_amax(g.role, c.fmt):
+            measured = self.calibration.amaxes.get(g.key) if self.calibration else None
+            amax = self.given_amax.get(g.key) or (tuple(measured) if measured else None)
+            if amax is None:
+                c, reason = C.BF16, f"{NO_AMAX_REASON}: BF16 instead of {c.label}"
+            else:
+                reason = f"{reason}; static activation amax {_amaxes(amax)}"
         stat = self.calibration.stats.get(g.key, {}).get(c) if self.calibration else None
         return Decision(
             site=site, module=g.module, role=g.role, index=g.key[2], shape=g.shape, batch=g.batch,
@@ -231,8 +271,12 @@ class Assigner:
             ref_bf16_seconds=self.at_scale.seconds(g, "bf16"),
             weight_elems=g.weight_elems(), weight_shape=g.weight_shape, err=stat.err if stat else None,
             bias=stat.bias if stat else None, loss=stat.loss if stat else None, groups=g.groups,
-            group_tokens=self.tokens(g), group_err=stat.group_err if stat else None,
+            group_tokens=self.tokens(g), group_err=stat.group_err if stat else None, input_amax=amax,
         )
+
+
+def _amaxes(amax: tuple) -> str:
+    return "/".join("-" if a is None else f"{a:.3g}" for a in amax)
 
 
 def _check_shape(d: Decision, g: GemmSpec, option: str) -> None:

@@ -94,11 +94,14 @@ class Calibration:
 
     mx_scale: str = "rceil"
     rht_seed: int = 0
-    scope: str = "eligible"  # which candidates are measured (options.measure, candidates.measured)
+    scope: str = "eligible"  # which candidates are measured (options.measure, candidates.measured; "amax": none)
     stats: dict[GemmKey, dict[Candidate, Stat]] = field(default_factory=dict)
     problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
     # grouped GEMMs: (sum of each expert's token count over the measurements, number of measurements)
     group_tokens: dict[GemmKey, tuple[list[int], int]] = field(default_factory=dict)
+    # forward GEMMs: the max |x| seen of each activation operand (a, b; None for the weight), the static
+    # NVFP4 tensor amax of option activation_scale="static"
+    amaxes: dict[GemmKey, list[float | None]] = field(default_factory=dict)
     # a forward GEMM's normalised exact product and candidates' errors, its output shape and measured part
     _fwd_error: dict[tuple[int, int], tuple[GemmKey, torch.Tensor, dict[Candidate, torch.Tensor], tuple, Sample]] = (
         field(default_factory=dict))
@@ -154,6 +157,10 @@ class Calibration:
             self.problems[tag.key] = problem
             self._fwd_error.pop(tag.pair, None)
             return
+        if role is MatmulRole.FPROP:
+            self._note_amax(tag, (a32, b32))
+        if self.scope == "amax":
+            return
         if tag.layout is not None:
             full = grouped_mm(a32.double(), b32.double(), offs)
             sample = Sample(rows=sampled_rows(full.flatten(0, -2).shape[0]))
@@ -197,6 +204,13 @@ class Calibration:
         elif tag.grad_operand is not None and tag.pair in self._fwd_error:
             self._loss_scores(tag.pair, (a32, b32)[tag.grad_operand])
 
+    def _note_amax(self, tag: GemmTag, operands: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Raise the recorded amax of each activation operand of a forward GEMM to this run's."""
+        seen = self.amaxes.setdefault(tag.key, [None, None])
+        for which, x in enumerate(operands):
+            if which != tag.weight_operand and x.numel():
+                seen[which] = max(seen[which] or 0.0, float(x.abs().max()))
+
     def _count_tokens(self, key: GemmKey, offs: torch.Tensor | None) -> None:
         if offs is None:
             return
@@ -238,6 +252,9 @@ class Calibration:
         for key, (total, n) in other.group_tokens.items():
             mine, m = self.group_tokens.get(key, ([0] * len(total), 0))
             self.group_tokens[key] = ([x + y for x, y in zip(mine, total)], m + n)
+        for key, theirs in other.amaxes.items():
+            mine = self.amaxes.setdefault(key, [None, None])
+            self.amaxes[key] = [y if x is None else x if y is None else max(x, y) for x, y in zip(mine, theirs)]
 
     def restart(self) -> None:
         """A re-calibration begins: its measurements replace these, GEMM by GEMM, when ``keep_unmeasured``

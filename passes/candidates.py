@@ -66,6 +66,8 @@ def operand_config(choice, which: int, ndim: int, grad_operand: int | None,
 def measured(role: MatmulRole, has_weight: bool, measure: str = "eligible") -> tuple[Candidate, ...]:
     """Candidates calibration measures for a GEMM (16x16 tiles only where there is a weight): the eligible
     ones, and with ``measure="all"`` the biased ones too."""
+    if measure == "amax":  # a preset's static activation scales: only the operands' amaxes are recorded
+        return ()
     extra = BIASED[role] if measure == "all" else ()
     return tuple(c for c in extra + ELIGIBLE[role] if has_weight or not c.tile2d)
 

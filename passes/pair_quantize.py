@@ -41,22 +41,24 @@ def pair_quantizations(gm: fx.GraphModule) -> int:
     order = {n: i for i, n in enumerate(graph.nodes)}
     copies: dict[tuple, dict[int, tuple[fx.Node, bool]]] = {}
     for q in graph.find_nodes(op="call_function", target=QUANTIZE):
-        x, fmt, axis, _, _, tile2d, scale_mode, _, rht_seed, step = q.args
+        x, fmt, axis, _, _, tile2d, scale_mode, _, rht_seed, step = q.args[:10]
+        amax = q.args[10] if len(q.args) > 10 else None  # a static amax: paired only with a copy taking the same
         if tile2d or x.meta["val"].ndim != 2:
             continue
         base, transposed = x, False
         while (inner := _transposed(base)) is not None:  # t(t(W)) is W: a dgrad may read its fprop's view
             base, transposed = inner, not transposed
         dim = (axis % 2) ^ transposed  # the block dim in the untransposed tensor's coordinates
-        key = (base, fmt, scale_mode, rht_seed, step)
+        key = (base, fmt, scale_mode, rht_seed, step, amax)
         copies.setdefault(key, {}).setdefault(dim, (q, transposed))
     pairs = 0
-    for (base, fmt, scale_mode, rht_seed, step), by_dim in copies.items():
+    for (base, fmt, scale_mode, rht_seed, step, amax), by_dim in copies.items():
         if len(by_dim) < 2:
             continue
         (qa, ta), (qb, tb) = by_dim[1], by_dim[0]
         first = min(qa, qb, key=order.__getitem__)
         args = (base, fmt, *_copy_args(qa, ta), *_copy_args(qb, tb), scale_mode, rht_seed, step)
+        args = args if amax is None else (*args, amax)
         with graph.inserting_before(first):
             dual = add_like(graph, autoprec_ops.quantize_dual.default, args, first, first.meta.get("autoprec"))
         for q, offset in ((qa, 0), (qb, 3)):
@@ -73,5 +75,5 @@ def pair_quantizations(gm: fx.GraphModule) -> int:
 
 def _copy_args(q: fx.Node, transposed: bool) -> tuple:
     """quantize_dual's (rounding, seed, rht, transposed) of the copy quantize node ``q`` made."""
-    _, _, _, rounding, seed, _, _, rht, _, _ = q.args
+    _, _, _, rounding, seed, _, _, rht, _, _ = q.args[:10]
     return rounding, seed, rht, transposed

@@ -72,14 +72,31 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
     axis, rounding, tile2d = operand_config(d, which, val.ndim, info.grad_operand, info.weight_operand)
     args = (x, d.fmt, axis, rounding, step.seed(d.seeds[which], rounding), tile2d, opts.mx_scale, d.rht, opts.seed,
             step.node)
+    amax = _static_amax(graph, d, which, val.device, meta, tag)
+    args = args if amax is None else (*args, amax)
     with fake:
-        vals = autoprec_ops.quantize.default(val, *args[1:-1], step.node.meta["val"])
+        vals = autoprec_ops.quantize.default(val, *[a.meta["val"] if isinstance(a, fx.Node) else a for a in args[1:]])
     q = _add(graph, autoprec_ops.quantize.default, args, {}, meta, vals, tag)
     # MXFP8 has no tensor scale: the op's third part (empty) is left unread and the matmul's slot for it carries the
     # scales (unread there too), so no graph holds, saves or partitions an empty tensor
     scaled = bool(get_format(d.fmt).tensor_scale_bits)
     parts = [_add(graph, operator.getitem, (q, i), {}, meta, vals[i], tag) for i in range(3 if scaled else 2)]
     return parts if scaled else [*parts, parts[1]]
+
+
+def _static_amax(graph: fx.Graph, d: Decision, which: int, device: torch.device, meta: dict, tag: dict
+                 ) -> fx.Node | None:
+    """A node holding operand ``which``'s static NVFP4 tensor amax (the int32 of its fp32 bits, made on the
+    operand's device) where the decision fixes one, else None."""
+    amax = d.input_amax[which] if d.input_amax is not None and get_format(d.fmt).tensor_scale_bits else None
+    if amax is None:
+        return None
+    value = torch.tensor(amax, dtype=torch.float32).view(torch.int32).item()
+    args = ([], value)
+    kwargs = {"dtype": torch.int32, "device": device}
+    with detect_fake_mode([v for v in (meta.get("val"),) if isinstance(v, torch.Tensor)]):
+        val = aten.full.default(*args, **kwargs)
+    return _add(graph, aten.full.default, args, kwargs, meta, val, {**tag, "operand": "ab"[which]})
 
 
 def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, step: StepInput,
@@ -95,6 +112,8 @@ def _grouped(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: 
     args = (current(mm.a), current(mm.b), current(mm.offs), fmt, cfg["rounding_a"], cfg["rounding_b"], cfg["tile2d_b"],
             cfg["rht"], *seeds, opts.mx_scale, opts.seed, step.node, out_dtype)
     a, b = mm.a.meta["val"], mm.b.meta["val"]
+    amax = _static_amax(graph, d, 0, a.device, node.meta, tag)
+    args = args if amax is None else (*args, amax)
     groups = group_count(a.shape, None if mm.offs is None else mm.offs.meta["val"].shape, mm.layout)
     route = grouped_route(a.device, mm.layout, fmt, (a.dtype, b.dtype), (a.shape, b.shape), groups, cfg["tile2d_b"],
                           out_dtype)
