@@ -240,7 +240,7 @@ def test_rl_trainer_logits_equal_sampler_bit_for_bit():
         assert bits_equal(got.detach(), want)
         got.float().pow(2).mean().backward()
     rows = autoprec.plan(trainer).decisions
-    assert all(d.reason == "matched to the rl_sampler plan" for d in rows if str(d.role) == "fprop")
+    assert all(d.reason.startswith("matched to the rl_sampler plan") for d in rows if str(d.role) == "fprop")
     mismatched = torch.compile(copy.deepcopy(base), backend="autoprec", options={"recipe": "bf16"})
     assert not torch.equal(mismatched(idx).detach(), want)
 

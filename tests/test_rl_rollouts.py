@@ -1,0 +1,35 @@
+"""RL on real rollouts: a sampler compiled in phase ``rl_sampler`` decodes with a KV cache from left-padded prompts
+of different lengths; a trainer compiled in ``rl_trainer`` with the sampler's plan scores the finished sequences in
+training mode, in one batch, in micro-batches and with its rows reordered. Every sampled token's log-prob is
+bit-identical to the sampler's, in every recipe and model (MoE routing included)."""
+import itertools
+
+import pytest
+import torch
+
+import autoprec
+
+pytest.importorskip("transformers")
+from rollouts import MODELS, compile_sampler, compile_trainer, packings, prompts, sample, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+RECIPES = ("bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "auto")
+FAST = [("llama", "nvfp4"), ("llama", "auto"), ("qwen3_moe", "nvfp4_nvidia"), ("gpt2", "nvfp4")]
+CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in itertools.product(MODELS, RECIPES)]
+
+
+@pytest.mark.parametrize("kind,recipe", CASES)
+def test_trainer_scores_every_sampled_token_as_the_sampler_did(kind, recipe):
+    policy = tiny_model(kind)
+    sampler = compile_sampler(policy, recipe)
+    ids, mask = prompts(batch=4, max_len=6, vocab=256)
+    rollouts = sample(sampler, ids, mask, new_tokens=8)
+    trainer = compile_trainer(policy, sampler)
+    for packing, logprobs in packings(trainer, rollouts).items():
+        assert torch.equal(logprobs.detach(), rollouts.logprobs), f"{kind} {recipe}, {packing}"
+    plan = autoprec.plan(sampler)
+    if recipe in ("nvfp4", "nvfp4_nvidia", "auto"):
+        nvfp4 = [d for d in plan.decisions if d.fmt == "nvfp4"]
+        assert nvfp4 and all(d.input_amax is not None and d.input_amax[0] > 0 for d in nvfp4)
+        assert all("static activation amax" in d.reason for d in nvfp4)
