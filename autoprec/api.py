@@ -151,3 +151,15 @@ def _annotation_notes(root: torch.nn.Module) -> list[str]:
         elif name is None and not any(holds(r, module) for r in compiled_roots):
             notes.append(f"{what}: the module is not part of this (or any compiled) model; ignored")
     return notes
+
+
+def refresh_weights() -> None:
+    """Prepare every weight again at its next use in an RL inference graph (``phase`` ``rl_sampler`` or ``rl``).
+
+    Those graphs keep each weight quantized once per weight version (``kernels/weight_cache.py``) and see every write
+    that bumps the weight's version counter (an optimizer step, ``load_state_dict``, ``copy_``, FSDP2's all-gather)
+    or moves its data (assignment to ``.data``). Call this after a write they cannot see: through ``param.data``
+    (``param.data.copy_(...)``: ``.data`` is a tensor with a version counter of its own)."""
+    from autoprec.kernels import weight_cache
+
+    weight_cache.refresh()

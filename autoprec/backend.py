@@ -264,8 +264,9 @@ class _Variant:
                 d = replace(d, fmt="bf16", rounding="rne", rht=False, tile2d=False)
             by_node[g.info.mm.node] = d
         infos = {g.info.mm.node: g.info for g in gemms}
+        weight_key = f"{id(self.state)}" if self.opts.rl and num_fwd_outputs is None else None
         runner.run("rewrite_matmuls", rewrite_matmuls, gm, by_node, infos, self.opts,
-                   StepInput(self._step(gm), self.step_offset))
+                   StepInput(self._step(gm), self.step_offset), weight_key)
         runner.run("pair_quantizations", pair_quantizations, gm)
         if self.opts.inner == "inductor":  # a reduction inductor may fuse into x's producer; eagerly, several kernels
             runner.run("graph_amaxes", graph_amaxes, gm)

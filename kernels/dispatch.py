@@ -361,10 +361,17 @@ def torch_api_problem(name: str) -> str | None:
 
 def reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """Dequantized fp32 (batched) matmul, bias added in fp32, one rounding to ``out_dtype``."""
-    y = torch.matmul(_values(a), _values(b))
+    y = torch.matmul(reference_values(a), reference_values(b))
     return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
 
 
-def _values(x: QuantizedTensor | torch.Tensor) -> torch.Tensor:
+def reference_values(x: QuantizedTensor | torch.Tensor) -> torch.Tensor:
+    """The fp32 values ``reference_scaled_mm`` multiplies for operand ``x``."""
     return dequantize(x) if isinstance(x, QuantizedTensor) else x.to(torch.float32)
+
+
+def runs_reference(device: torch.device) -> bool:
+    """Whether products of non-empty operands on ``device`` run ``reference_scaled_mm`` (no Triton here)."""
+    return not use_triton(device, None)
+
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import BF16, NVFP4, get_format
-from autoprec.kernels import dispatch, grouped
+from autoprec.kernels import dispatch, grouped, weight_cache
 from autoprec.kernels.grouped_route import grouped_route
 from autoprec.kernels.hadamard_ref import rht_signs
 from autoprec.kernels.quantized import QuantCopy, QuantizedTensor, normalize_axis
@@ -182,6 +182,38 @@ def scaled_mm(
 @_fake(scaled_mm)
 def _(a_codes, a_scales, a_ts, a_fmt, b_codes, b_scales, b_ts, b_fmt, b_tile_rows, bias, out_dtype):
     return a_codes.new_empty((*a_codes.shape[:-1], b_codes.shape[-2]), dtype=out_dtype)
+
+
+# The cached-weight product reads the host (the weight's version counter, the cache), which a CUDA graph capture
+# cannot hold: a replay would multiply by the weight prepared at capture time
+@_op(tags=(torch.Tag.cudagraph_unsafe,))
+def scaled_mm_weight(
+    a_codes: Tensor, a_scales: Tensor, a_ts: Tensor, a_fmt: str, w: Tensor, w_fmt: str, w_tile2d: bool,
+    scale_mode: str, key: str, bias: Tensor | None, out_dtype: torch.dtype,
+) -> Tensor:
+    """``scaled_mm`` with B a weight ``w`` (K, N) given as it is, quantized to ``w_fmt`` along K (or cast to bf16)
+    once per weight version and kept under ``key`` (``weight_cache``): the same product as quantizing it in the graph,
+    bit for bit. On the CPU path the decoded fp32 values are kept, which is what its reference product multiplies."""
+    a = _operand(a_codes, a_scales, a_ts, a_fmt, False, 1)
+    b = weight_cache.prepared(key, w, lambda: _prepared_weight(w, w_fmt, w_tile2d, scale_mode))
+    if isinstance(b, torch.Tensor) and b.dtype == torch.float32:
+        return dispatch.reference_scaled_mm(a, b, bias, out_dtype)
+    return dispatch.scaled_mm(a, b, bias, out_dtype)
+
+
+def _prepared_weight(w: Tensor, fmt: str, tile2d: bool, scale_mode: str):
+    """B's operand as ``scaled_mm`` reads it, or on a path that runs the reference product its fp32 values."""
+    if get_format(fmt).quantized:
+        q = dispatch.quantize(w, fmt, w.ndim - 2, tile2d=tile2d, scale_mode=scale_mode)
+        b = _operand(*_parts(q), fmt, True, 16 if tile2d else 1)
+    else:
+        b = w.to(torch.bfloat16)
+    return dispatch.reference_values(b) if dispatch.runs_reference(w.device) else b
+
+
+@_fake(scaled_mm_weight)
+def _(a_codes, a_scales, a_ts, a_fmt, w, w_fmt, w_tile2d, scale_mode, key, bias, out_dtype):
+    return a_codes.new_empty((*a_codes.shape[:-1], w.shape[-1]), dtype=out_dtype)
 
 
 # The grouped op reads its group offsets on the host on some paths (grouped_route's host_read: the CPU loop, products

@@ -161,12 +161,29 @@ def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
     return info.weight_placeholder, d.fmt, info.mm.b.meta["val"].dtype
 
 
+def _cached_weight(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, a: list,
+                   b: fx.Node, bias: fx.Node | None, key: str, tag: dict) -> fx.Node:
+    """One ``autoprec.scaled_mm_weight`` node: the product with weight ``b`` prepared once per weight version."""
+    b_tiled = operand_config(d, 1, 2, info.grad_operand, info.weight_operand)[2]
+    args = (*a, d.fmt, b, d.fmt, b_tiled, opts.mx_scale, f"{key}|{d.module}|{d.role}|{d.index}", bias,
+            node.meta["val"].dtype)
+    return add_like(graph, autoprec_ops.scaled_mm_weight.default, args, node, tag)
+
+
+def _caches_weight(info: RoleInfo) -> bool:
+    """A forward product of 2D activations with a 2D parameter as B: the form ``scaled_mm_weight`` takes."""
+    return (info.role is MatmulRole.FPROP and info.weight_operand == 1 and info.weight_placeholder is not None
+            and info.mm.a.meta["val"].ndim == 2 and info.mm.b.meta["val"].ndim == 2)
+
+
 def rewrite_matmuls(
     gm: fx.GraphModule, decisions: dict[fx.Node, Decision], infos: dict[fx.Node, RoleInfo], opts: CompileOptions,
-    step: StepInput,
+    step: StepInput, weight_key: str | None = None,
 ) -> int:
     """Replace every rewritten decision's node; returns how many were replaced. ``step``: the graph input
-    carrying the model's call counter (stochastic rounding's step), and the offset the ops' seeds take."""
+    carrying the model's call counter (stochastic rounding's step), and the offset the ops' seeds take.
+    ``weight_key`` (an inference graph of an RL phase): its forward products with a parameter keep their weight
+    prepared across calls under this key (``kernels/weight_cache.py``)."""
     graph = gm.graph
     count = 0
     replaced: dict[fx.Node, fx.Node] = {}  # a GEMM's output feeding another GEMM: use the rewritten node
@@ -185,6 +202,10 @@ def rewrite_matmuls(
             with graph.inserting_before(node):
                 if info.mm.layout is not None:
                     out = _grouped(graph, node, info, d, opts, step, current, tag)
+                elif weight_key is not None and _caches_weight(info):
+                    a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
+                    out = _cached_weight(graph, node, info, d, opts, a, current(info.mm.b), current(info.mm.bias),
+                                         weight_key, tag)
                 else:
                     a = _operand(graph, current(info.mm.a), 0, d, info, opts, node.meta, tag, step)
                     b = _shared_weight(graph, info, d, shared, node.meta, tag)
