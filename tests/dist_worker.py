@@ -27,6 +27,9 @@ def train(rank: int, mode: str, out: str) -> None:
     """Three steps of ``mode``; saves this rank's plan rows, eager list, notes and parameters."""
     import autoprec
 
+    if mode == "fsdp_rl_sampler":
+        return sample_after_updates(rank, out)
+
     torch.manual_seed(0)
     model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16, experts=4 if mode == "ddp_moe" else 0)
     if mode.startswith("ddp"):
@@ -54,3 +57,33 @@ def train(rank: int, mode: str, out: str) -> None:
     rows = [(d.key, d.fmt, d.rounding, d.rht, d.tile2d, d.err, d.group_tokens) for d in plan.decisions]
     torch.save({"rows": rows, "params": params, "eager": plan.not_compiled, "notes": plan.notes},
                f"{out}/{mode}{rank}.pt")
+
+
+def sample_after_updates(rank: int, out: str) -> None:
+    """An FSDP2-sharded RL sampler whose weights are written between calls (the sharded parameters, as an
+    optimizer step writes them; the unsharded ones are all-gathered anew at each forward): saves, per call after a
+    write, whether its output equals a call with every weight prepared anew, and whether the write changed it."""
+    import autoprec
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16)
+    compiled = torch.compile(fully_shard(model), backend="autoprec", options={"phase": "rl_sampler", "recipe": "nvfp4"})
+    idx, _ = tokens(batch=4, ctx=16, vocab=64, seed=rank)
+    fresh, changed = [], []
+    with torch.no_grad():
+        compiled(idx)  # calibrates
+        last = compiled(idx)
+        for _ in range(2):
+            for m in model.blocks.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.mul_(1.1)
+            got = compiled(idx)
+            autoprec.refresh_weights()
+            fresh.append(torch.equal(got, compiled(idx)))
+            changed.append(not torch.equal(got, last))
+            last = got
+    from autoprec.kernels import weight_cache
+
+    torch.save({"fresh": fresh, "changed": changed, "cached": weight_cache.cached_count()},
+               f"{out}/fsdp_rl_sampler{rank}.pt")

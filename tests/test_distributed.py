@@ -18,7 +18,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-MODES = ["ddp", "fsdp", "fsdp_blocks", "fsdp_regional", "ddp_moe"]
+MODES = ["ddp", "fsdp", "fsdp_blocks", "fsdp_regional", "ddp_moe", "fsdp_rl_sampler"]
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,10 @@ def test_moe_ranks_share_token_counts(run):
     assert a["rows"] == b["rows"] and all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
     tokens = [r[6] for r in a["rows"] if r[6] is not None]
     assert tokens and all(sum(t) == 2 * 64 for t in tokens)  # 4 x 16 tokens, top-2, averaged over the ranks
+
+
+def test_fsdp_sampler_weights_are_never_served_stale(run):
+    """An RL sampler sharded by FSDP2: after its sharded weights are written, every call equals a call with every
+    weight prepared anew (the all-gather's write into the unsharded parameters is seen)."""
+    for result in run("fsdp_rl_sampler"):
+        assert result["fresh"] == [True, True] and result["changed"] == [True, True] and result["cached"] > 0
