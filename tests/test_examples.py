@@ -28,6 +28,25 @@ def test_rl_example_matches_bit_for_bit():
     assert mismatch > 0
 
 
+def test_rl_loop_example_stays_on_policy_through_weight_syncs():
+    out = run("examples/rl_loop.py", "--steps", "2")
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2 and all("max |d log p| 0, 100% bit-identical" in line for line in steps)
+
+
+@pytest.mark.slow
+def test_rl_benchmarks_quick():
+    """benchmarks/rl_mismatch.py: matched trainers 0, the dynamic-scales and BF16 contrasts not; rl_decode.py times
+    every plan's decode step against eager."""
+    lines = run("benchmarks/rl_mismatch.py", "--quick").splitlines()
+    matched = [line for line in lines if "static (default)" in line]
+    assert len(matched) == 6 and all(line.split()[-1] == "100%" for line in matched)
+    contrasts = [line for line in lines if "dynamic scales" in line or "BF16 trainer" in line]
+    assert contrasts and any(line.split()[-1] != "100%" for line in contrasts)
+    decode = run("benchmarks/rl_decode.py", "--quick")
+    assert all(f"{r} plan" in decode for r in ("bf16", "nvfp4", "mxfp8"))
+
+
 def test_overrides_example():
     out = run("examples/overrides.py")
     assert "lm_head              fprop  bf16   override: annotate(Linear) fprop" in out
