@@ -16,8 +16,10 @@ MODELS = ("llama", "qwen3_moe", "gpt2")
 PAD, BOS, EOS = 0, 1, 2
 
 
-def tiny_model(kind: str, vocab: int = 256, hidden: int = 64, layers: int = 2, seed: int = 0) -> torch.nn.Module:
-    """A causal LM of ``kind`` (``MODELS``) from a tiny config, dropout off (as RL trainers run), in eval mode."""
+def tiny_model(kind: str, vocab: int = 256, hidden: int = 64, layers: int = 2, seed: int = 0,
+               attention: str = "sdpa") -> torch.nn.Module:
+    """A causal LM of ``kind`` (``MODELS``) from a tiny config, dropout off (as RL trainers run), in eval mode;
+    ``attention``: transformers' attention implementation (``eager`` runs attention as two planned products)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -39,6 +41,7 @@ def tiny_model(kind: str, vocab: int = 256, hidden: int = 64, layers: int = 2, s
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         raise ValueError(f"unknown model kind {kind!r}; choose from {', '.join(MODELS)}")
+    model.set_attn_implementation(attention)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)  # a peaky policy (tied to the embeddings in GPT-2: both)
     return model.eval()

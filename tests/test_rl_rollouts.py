@@ -33,3 +33,15 @@ def test_trainer_scores_every_sampled_token_as_the_sampler_did(kind, recipe):
         nvfp4 = [d for d in plan.decisions if d.fmt == "nvfp4"]
         assert nvfp4 and all(d.input_amax is not None and d.input_amax[0] > 0 for d in nvfp4)
         assert all("static activation amax" in d.reason for d in nvfp4)
+
+
+def test_attention_products_run_bf16_and_decoding_matches_the_full_forward():
+    """Eager attention (two planned products per layer) in an RL phase: q·kᵀ and p·v run BF16 with the reason (p·v's
+    blocks would span tokens; K grows by one token per decode step), and decoding equals the trainer's forward."""
+    policy = tiny_model("gpt2", attention="eager")
+    sampler = compile_sampler(policy, "nvfp4")
+    rollouts = sample(sampler, *prompts(batch=4, max_len=6, vocab=256), new_tokens=8)
+    trainer = compile_trainer(policy, sampler)
+    assert torch.equal(packings(trainer, rollouts)["full batch"].detach(), rollouts.logprobs)
+    attention = [d for d in autoprec.plan(sampler).decisions if d.module.endswith(".attn")]
+    assert len(attention) == 4 and all(d.fmt == "bf16" and "two activations" in d.reason for d in attention)
