@@ -106,10 +106,11 @@ class Assigner:
         cannot be reproduced under static ones (nor the other way round), which is an error, not a silent change."""
         if d.input_amax is not None:
             self.given_amax[d.key] = d.input_amax
-        elif self.needs_amax(d.role, d.fmt) and option == "match":
-            raise ValueError(f"autoprec option match: the sampler plan runs {d.module!r} fprop in NVFP4 with dynamic "
-                             f"activation scales, and this trainer uses static ones (activation_scale): compile the "
-                             f"sampler in phase 'rl_sampler' (or give both the same activation_scale)")
+        elif self.needs_amax(d.role, d.fmt):
+            raise ValueError(f"autoprec option {option}: the plan runs {d.module!r} fprop in NVFP4 with dynamic "
+                             f"activation scales (no input_amax), and these options use static ones (an RL phase, or "
+                             f"activation_scale='static'): make that plan in an RL phase, or give both the same "
+                             f"activation_scale")
 
     def needs_amax(self, role: MatmulRole, fmt: str, batched_experts: bool = False) -> bool:
         """Whether a GEMM run as ``fmt`` in ``role`` takes static activation scales under these options."""
