@@ -208,6 +208,10 @@ class ModelPlan:
         notes += sorted(self.device_notes)
         if self.opts.mode is not None:
             notes.append(f"torch.compile mode={self.opts.mode!r}: inner compiler inductor with that mode's settings")
+        if self.opts.static_activations:
+            notes.append("static NVFP4 activation scales (fixed at calibration; each fprop row's 'static activation "
+                         "amax'): every forward GEMM's output row depends only on its own input row and the weights, "
+                         "so a sampler and a matched trainer agree bit for bit (docs/rl.md)")
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware, reference=reference,
                     pass_seconds=dict(self.pass_seconds), notes=notes,
                     unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()],
