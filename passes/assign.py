@@ -112,13 +112,14 @@ class Assigner:
                              f"activation_scale='static'): make that plan in an RL phase, or give both the same "
                              f"activation_scale")
 
-    def needs_amax(self, role: MatmulRole, fmt: str, batched_experts: bool = False) -> bool:
+    def needs_amax(self, role: MatmulRole, fmt: str) -> bool:
         """Whether a GEMM run as ``fmt`` in ``role`` takes static activation scales under these options."""
-        return self.opts.static_activations and role is MatmulRole.FPROP and fmt == "nvfp4" and not batched_experts
+        return self.opts.static_activations and role is MatmulRole.FPROP and fmt == "nvfp4"
 
     def pending_amax(self, g: GemmSpec, choice: Choice) -> bool:
-        """A choice that needs static activation amaxes nobody has measured yet (calibration will)."""
-        return (self.needs_amax(g.role, choice[0].fmt, g.layout == "3d3d") and g.key not in self.given_amax
+        """A choice that needs static activation amaxes nobody has measured yet (calibration will; a 3d x 3d
+        experts product takes none, ``decision`` says so)."""
+        return (self.needs_amax(g.role, choice[0].fmt) and g.layout != "3d3d" and g.key not in self.given_amax
                 and not (self.calibration and g.key in self.calibration.amaxes))
 
     def scheduled(self, g: GemmSpec, phase: int) -> Choice | None:
