@@ -25,7 +25,20 @@ GemmKey = tuple[str, str, int]  # (root-relative module path, role, ordinal)
 
 
 def _hint(v) -> int:
-    return v if isinstance(v, int) else int(v.node.hint)
+    """A size at the traced sizes; a data-dependent one (``nonzero``'s count, captured with dynamo's
+    ``capture_dynamic_output_shape_ops``) has no value there and is costed as inductor sizes it
+    (``unbacked_symint_fallback``): K and N decide a GEMM's blocks, not M."""
+    if isinstance(v, int):
+        return v
+    if v.node.hint is not None:
+        return int(v.node.hint)
+    from torch._inductor.config import unbacked_symint_fallback
+
+    env = v.node.shape_env
+    if hasattr(env, "optimization_hint"):  # torch 2.13; its size_hint is deprecated there
+        return int(env.optimization_hint(v.node.expr, fallback=unbacked_symint_fallback))
+    hint = env.size_hint(v.node.expr, allow_none=True)
+    return unbacked_symint_fallback if hint is None else int(hint)
 
 
 def _expr(v) -> sympy.Expr:

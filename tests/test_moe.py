@@ -163,3 +163,35 @@ def test_grouped_gemm_on_triton_kernels(monkeypatch):
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = grouped_mm(x, w, offs, "nvfp4", rounding_a="sr", seeds=(3, 4), step=2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class NonzeroMoE(torch.nn.Module):
+    """Top-1 routing written as users loop over experts: each expert's tokens found with ``nonzero``."""
+
+    def __init__(self, d: int = 64, experts: int = 4) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(d, experts)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            idx = (top == i).nonzero().squeeze(-1)
+            out = out.index_add(0, idx, expert(x[idx]))
+        return out
+
+
+def test_data_dependent_token_counts_plan_by_k_and_n():
+    """Compiled with ``capture_dynamic_output_shape_ops`` (how users compile such loops), an expert's M is
+    data-dependent: its fprop still takes NVFP4 (K and N decide the blocks); its wgrad, whose K is that count, runs
+    BF16 and says why; nothing aborts."""
+    torch.manual_seed(0)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        model = torch.compile(NonzeroMoE(), backend="autoprec", options={"recipe": "nvfp4"})
+        for _ in range(2):
+            model(torch.randn(32, 64)).sum().backward()
+    rows = {d.key: d for d in autoprec.plan(model).decisions}
+    assert rows[("experts.0", "fprop", 0)].fmt == "nvfp4" and rows[("experts.0", "fprop", 0)].shape[0].startswith("u")
+    wgrad = rows[("experts.0", "wgrad", 0)]
+    assert wgrad.fmt == "bf16" and "is dynamic and not provably a multiple" in wgrad.reason
