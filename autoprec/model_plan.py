@@ -10,6 +10,7 @@ the root from the parameters a graph receives, so one compiled graph that serves
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ import torch
 from autoprec.at_scale import SOURCES, ReferenceShapes
 from autoprec.model_root import holds, named_modules
 from autoprec.options import CompileOptions
+from autoprec.overrides import annotated_modules
 from autoprec.passes.assign import Assigner
 from autoprec.passes.calibrate import Calibration
 from autoprec.passes.gemms import GemmKey, GemmSpec
@@ -175,6 +177,7 @@ class ModelPlan:
             runs = self.graphs.setdefault(s.key, [])
             if graph not in runs:
                 runs.append(graph)
+        _warn_stray_annotations()
         return {s.key: self.phase_decision(s.key, phase) for s in specs}
 
     def note_unplanned(self, graph: str, module: str, op: str, flops: float | None, params: list[str]) -> None:
@@ -316,6 +319,22 @@ def planned_weight_ids() -> set[int]:
 def defer_state(model: torch.nn.Module, state: dict) -> None:
     """Keep a state dict for the plan ``model`` gets at its first compiled call."""
     _PENDING[model] = state
+
+
+_WARNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def _warn_stray_annotations() -> None:
+    """``annotate`` on a module that no compiled model holds is ignored: warn once per module when a graph is planned,
+    naming the module and its annotation (``autoprec.plan`` lists it too)."""
+    roots = [s.model for s in STATES if s.model is not None]
+    for module, spec in annotated_modules():
+        if module not in _WARNED and not any(holds(r, module) for r in roots):
+            _WARNED.add(module)
+            formats = ", ".join(f"{role}={fmt}" for role, fmt in spec.items())
+            warnings.warn(f"autoprec.annotate({type(module).__name__}, {formats}): this module is not part of any "
+                          f"model compiled so far, so the annotation is ignored (annotate the modules of the model "
+                          f"you compile)", UserWarning, stacklevel=2)
 
 
 def reduce_across_ranks(calibration: Calibration) -> None:

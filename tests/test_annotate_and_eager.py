@@ -19,7 +19,8 @@ def test_annotation_outside_the_model_is_reported():
     autoprec.annotate(stray, "bf16")
     autoprec.annotate(model, "mxfp8")  # the root itself: covers every GEMM
     c = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4"})
-    step(c, torch.randn(4, 16, 32))
+    with pytest.warns(UserWarning, match=r"annotate\(Linear, fprop=bf16, .*not part of any model compiled so far"):
+        step(c, torch.randn(4, 16, 32))
     plan = autoprec.plan(c)
     assert {d.fmt for d in plan.decisions} == {"mxfp8"}
     assert any("annotate(Linear, fprop=bf16" in n and "not part of this (or any compiled) model; ignored" in n
