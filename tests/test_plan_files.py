@@ -31,7 +31,8 @@ def load_edited(path, data) -> Plan:
 
 def test_malformed_files_name_file_decision_and_field(tmp_path):
     data, path = saved_plan(tmp_path)
-    assert data["schema_version"] == 3 and all("weight_shape" in d and "groups" in d for d in data["decisions"])
+    assert data["schema_version"] == 4 and all("weight_shape" in d and "groups" in d and "input_amax" in d
+                                               for d in data["decisions"])
     with pytest.raises(ValueError, match="plan.json: the top level must be a JSON object .* got a list"):
         load_edited(path, data["decisions"])
     with pytest.raises(ValueError, match="plan.json: field 'decisions' must be a list of decisions, got NoneType"):
