@@ -359,9 +359,21 @@ def torch_api_problem(name: str) -> str | None:
     return None
 
 
+# CPU BLAS takes another path for a product of 1 to 3 rows (its results differ from the same rows' in a bigger product
+# in the last bits); from 4 rows on, a row's result does not depend on the others, as measured on the shapes of
+# tests/test_rl_rollouts.py and more. The reference product pads fewer rows to 4 so that a row's output never depends
+# on how many rows share the call: a token decoded alone equals the same token in a full forward (docs/rl.md).
+ROW_FLOOR = 4
+
+
 def reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """Dequantized fp32 (batched) matmul, bias added in fp32, one rounding to ``out_dtype``."""
-    y = torch.matmul(reference_values(a), reference_values(b))
+    """Dequantized fp32 (batched) matmul, bias added in fp32, one rounding to ``out_dtype``; each output row a
+    function of its own row of ``a`` and of ``b`` only (``ROW_FLOOR``)."""
+    va = reference_values(a)
+    rows = va.shape[-2]
+    if 0 < rows < ROW_FLOOR:
+        va = torch.cat([va, va.new_zeros(*va.shape[:-2], ROW_FLOOR - rows, va.shape[-1])], -2)
+    y = torch.matmul(va, reference_values(b))[..., :rows, :]
     return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
 
 

@@ -60,3 +60,23 @@ def test_static_scales_in_pretraining_are_measured_then_used():
     rows = [d for d in autoprec.plan(model).decisions if str(d.role) == "fprop" and d.fmt == "nvfp4"]
     assert rows and all(d.input_amax and d.input_amax[0] > 0 for d in rows)
     assert all(d.input_amax is None for d in autoprec.plan(model).decisions if str(d.role) != "fprop")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_a_rows_product_does_not_depend_on_how_many_rows_share_it(fmt):
+    """The CPU reference product of 1 to 3 rows equals those rows of a bigger product, bit for bit (a decode step's
+    expert may get one token): BLAS's few-row path is not taken (``dispatch.ROW_FLOOR``)."""
+    from autoprec.kernels import dispatch
+
+    gen = torch.Generator().manual_seed(0)
+    a, w = torch.randn(64, 512, generator=gen), torch.randn(256, 512, generator=gen)
+    amax = torch.tensor(4.0).view(torch.int32)
+
+    def product(rows: torch.Tensor) -> torch.Tensor:
+        if fmt == "bf16":
+            return dispatch.reference_scaled_mm(rows.bfloat16(), w.t().bfloat16(), None, torch.float32)
+        qa = dispatch.quantize(rows, "nvfp4", amax=amax)
+        return dispatch.reference_scaled_mm(qa, dispatch.quantize(w.t(), "nvfp4", 0), None, torch.float32)
+
+    full = product(a)
+    assert all(torch.equal(product(a[i:i + m]), full[i:i + m]) for m in (1, 2, 3, 5) for i in (0, 7))

@@ -15,7 +15,7 @@ from rollouts import MODELS, compile_sampler, compile_trainer, packings, prompts
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 RECIPES = ("bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "auto")
-FAST = [("llama", "nvfp4"), ("llama", "auto"), ("qwen3_moe", "nvfp4_nvidia"), ("gpt2", "nvfp4")]
+FAST = [("llama", "nvfp4"), ("llama", "auto"), ("qwen3_moe", "nvfp4_nvidia"), ("qwen3_moe", "bf16"), ("gpt2", "nvfp4")]
 CASES = [pytest.param(*c, marks=[] if c in FAST else [pytest.mark.slow]) for c in itertools.product(MODELS, RECIPES)]
 
 
