@@ -369,11 +369,13 @@ ROW_FLOOR = 4
 def reference_scaled_mm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """Dequantized fp32 (batched) matmul, bias added in fp32, one rounding to ``out_dtype``; each output row a
     function of its own row of ``a`` and of ``b`` only (``ROW_FLOOR``)."""
-    va = reference_values(a)
+    va, vb = reference_values(a), reference_values(b)
     rows = va.shape[-2]
     if 0 < rows < ROW_FLOOR:
-        va = torch.cat([va, va.new_zeros(*va.shape[:-2], ROW_FLOOR - rows, va.shape[-1])], -2)
-    y = torch.matmul(va, reference_values(b))[..., :rows, :]
+        padded = torch.cat([va, va.new_zeros(*va.shape[:-2], ROW_FLOOR - rows, va.shape[-1])], -2)
+        y = torch.matmul(padded, vb)[..., :rows, :].contiguous()
+    else:
+        y = torch.matmul(va, vb)
     return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
 
 
