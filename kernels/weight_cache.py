@@ -53,5 +53,5 @@ def refresh() -> None:
 
 
 def cached_count() -> int:
-    """How many weights are held prepared (for tests and the plan's notes)."""
+    """How many weights are held prepared."""
     return len(_CACHE)
