@@ -291,7 +291,8 @@ def quantize_cpu(
         cols = _column_source(x, axis)
         if cols is not None:
             return _quantize_cols(*cols, fmt, axis, x.shape, seed, scale_mode, rht, rht_signs, given)
-    shape, whole, row_base, src_row = x.shape, None, None, None
+    # NVFP4's tensor scale from: a given amax, else (a part of the rows) the whole tensor's values, else the blocks'
+    shape, whole, row_base, src_row = x.shape, given, None, None
     if rows is None:
         xm = blocked_view(x, fmt, axis, tile_rows)
         if rht:
@@ -300,13 +301,11 @@ def quantize_cpu(
     else:  # a part of the whole (transformed) tensor, which also gives NVFP4's tensor scale
         check_blocks(x, fmt, axis)
         moved = x.movedim(axis, -1)
-        if fmt is NVFP4 and given is not None:
-            whole = given
-        elif fmt is NVFP4 and rht:  # the transformed whole's finite amax, without writing the transform
+        if fmt is NVFP4 and whole is None and rht:  # the transformed whole's finite amax, without writing the transform
             whole = torch.empty(1)
             flat = moved.contiguous()
             _call("rht16_amax", flat, flat.numel() // flat.shape[-1], flat.shape[-1], _c_signs(rht_signs), whole)
-        elif fmt is NVFP4:
+        elif fmt is NVFP4 and whole is None:
             whole = _dense(moved)
         row_base = _row_bases(x.shape, axis, rows, batches)
         xm = (moved if batches is None else moved[batches])[..., rows, :]
@@ -327,7 +326,6 @@ def quantize_cpu(
         scratch, bad = torch.empty(3 * nb), torch.empty(nb, dtype=torch.uint8)
         scales = torch.empty(xm.shape[:-1] + (k // BLOCK,), dtype=torch.uint8)
         s_dec, codes = torch.empty(()), torch.empty(xm.shape[:-1] + (k // 2,), dtype=torch.uint8)
-        whole = given if whole is None else whole
         n_whole = 0 if whole is None else whole.numel()
         _call("nvfp4_quantize", _source(xm, src_row), src_row, n_rows, n, inner, row_base, whole, n_whole, sr, k1, k2,
               scratch, bad, scales, s_dec, codes)

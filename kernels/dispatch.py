@@ -387,5 +387,3 @@ def reference_values(x: QuantizedTensor | torch.Tensor) -> torch.Tensor:
 def runs_reference(device: torch.device) -> bool:
     """Whether products of non-empty operands on ``device`` run ``reference_scaled_mm`` (no Triton here)."""
     return not use_triton(device, None)
-
-
