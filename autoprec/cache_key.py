@@ -26,8 +26,8 @@ def source_hash() -> str:
     digest = hashlib.sha256()
     for package in (autoprec, autoprec.kernels, autoprec.passes):
         root = Path(package.__file__).parent
-        for path in sorted(root.glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/emulation_overhead.py [--layers 2] [--d 64] [--ctx 64] [--steps 10]
 
 All plans run the same rewritten graphs (quantize + scaled_mm custom ops); BF16 only casts its
-operands, MXFP8 / NVFP4 quantize them bit-exactly with the fused C kernels (kernels/cpu_fused.py; the
+operands, MXFP8 / NVFP4 quantize them bit-exactly with the fused C kernels (kernels/cpu/fused.py; the
 default on CPU). AUTOPREC_KERNELS=ref_inductor (the reference compiled by inductor) or =ref (eager
 reference) time the older paths. The auto row times calibration steps (``calibrate`` = warmup + steps,
 so every timed step measures). The models take turns step by step, so load drifts on a shared machine

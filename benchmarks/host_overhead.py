@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import sys
 import time
 from pathlib import Path
@@ -28,17 +29,16 @@ from triton.runtime.jit import KernelInterface  # noqa: E402
 
 import autoprec  # noqa: E402, F401  (registers torch.ops.autoprec)
 import autoprec.kernels  # noqa: E402
-from autoprec.kernels import (  # noqa: E402
-    dispatch,
-    grouped_dispatch,
-    grouped_mm_triton,
-    quantize_cols_triton,
-    quantize_grouped_triton,
-    quantize_k_groups_triton,
-    quantize_triton,
-    scaled_mm_decoded,
-)
-from autoprec.kernels.grouped import grouped_mm  # noqa: E402
+from autoprec.kernels.dispatch import dense as dispatch  # noqa: E402
+from autoprec.kernels.dispatch import grouped as grouped_dispatch  # noqa: E402
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm  # noqa: E402
+from autoprec.kernels.triton import grouped_mm as grouped_mm_triton  # noqa: E402
+from autoprec.kernels.triton import quantize as quantize_entry  # noqa: E402
+from autoprec.kernels.triton import quantize_cols as quantize_cols_triton  # noqa: E402
+from autoprec.kernels.triton import quantize_grouped as quantize_grouped_triton  # noqa: E402
+from autoprec.kernels.triton import quantize_k_groups as quantize_k_groups_triton  # noqa: E402
+from autoprec.kernels.triton import quantize_rows as quantize_triton  # noqa: E402
+from autoprec.kernels.triton import scaled_mm_decoded  # noqa: E402
 
 
 class _NoLaunch:
@@ -54,8 +54,8 @@ class _NoLaunch:
 def stub_kernels() -> None:
     """Replace every Triton kernel of autoprec.kernels' modules by a ``_NoLaunch`` (found, not listed: a new
     kernel cannot slip into the timings), and make a kernel that still runs an error."""
-    for path in sorted(Path(autoprec.kernels.__file__).parent.glob("*.py")):
-        module = importlib.import_module(f"autoprec.kernels.{path.stem}")
+    for info in pkgutil.walk_packages(autoprec.kernels.__path__, prefix="autoprec.kernels."):
+        module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if isinstance(value, KernelInterface):
                 setattr(module, name, _NoLaunch())
@@ -160,7 +160,7 @@ def _count_calls(step) -> tuple[int, int, int]:
     quantizers, of the whole-tensor amax launches (a pair's shared amax counts once; the grouped quantizers' amax
     kernels are not counted) and of the decoded matmuls (a grouped one counts once)."""
     counts = {}
-    targets = ((quantize_triton, "quantize_triton"), (quantize_grouped_triton, "quantize_row_groups_triton"),
+    targets = ((quantize_entry, "quantize_triton"), (quantize_grouped_triton, "quantize_row_groups_triton"),
                (quantize_grouped_triton, "quantize_batches_triton"), (scaled_mm_decoded, "scaled_mm_decoded"),
                (quantize_k_groups_triton, "quantize_k_groups_triton"), (grouped_mm_triton, "grouped_mm_decoded"),
                (grouped_mm_triton, "grouped_wgrad_decoded"), (quantize_triton, "launch_amax"),

@@ -77,14 +77,14 @@ def main() -> None:
         return
     from autoprec.formats import get_format
     from autoprec.kernels import quantize
-    from autoprec.kernels import quantize_cols_triton as qc
-    from autoprec.kernels import quantize_dual_triton as qd
-    from autoprec.kernels import quantize_triton as qt
-    from autoprec.kernels.dispatch import quantize_dual
-    from autoprec.kernels.launch import hardware_fp8, nvfp4_hardware
-    from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
-    from autoprec.kernels.quantized import QuantCopy
-    from autoprec.kernels.random_bits import sr_stream
+    from autoprec.kernels.core.launch import hardware_fp8, nvfp4_hardware
+    from autoprec.kernels.core.quantized import QuantCopy
+    from autoprec.kernels.core.random_bits import sr_stream
+    from autoprec.kernels.dispatch.dense import quantize_dual
+    from autoprec.kernels.triton import quantize_cols as qc
+    from autoprec.kernels.triton import quantize_dual as qd
+    from autoprec.kernels.triton import quantize_rows as qt
+    from autoprec.kernels.triton.quantize_dual import quantize_dual_triton
 
     x = torch.randn(n, n, device=rig.device, dtype=torch.bfloat16)
     nvfp4 = ("none", "block scales", "block scales and elements")[nvfp4_hardware(x.device)]
@@ -137,14 +137,14 @@ def main() -> None:
 def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     """TFLOP/s of the planned block-scaled matmuls against torch's bf16 matmul at one shape."""
     from autoprec.kernels import quantize, scaled_mm
-    from autoprec.kernels.dispatch import gemm_path
-    from autoprec.kernels.operand import as_operand
-    from autoprec.kernels.scaled_mm_decoded import (
+    from autoprec.kernels.core.operand import as_operand
+    from autoprec.kernels.dispatch.dense import gemm_path
+    from autoprec.kernels.triton.scaled_mm_decoded import (
         scaled_mm_decoded_cublas,
         scaled_mm_decoded_tma,
         scaled_mm_decoded_triton,
     )
-    from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
+    from autoprec.kernels.triton.scaled_mm_tc import scaled_mm_tc_triton
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
     w = torch.randn(k, n, device=rig.device, dtype=torch.bfloat16)
@@ -183,7 +183,7 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
 
 def chosen_product(call) -> str:
     """The product(s) the decoded path chose at the keys ``call`` (run once here) met first."""
-    from autoprec.kernels import gemm_choice
+    from autoprec.kernels.triton import gemm_choice
 
     before = gemm_choice.chosen()
     call()
@@ -203,9 +203,9 @@ def sweep(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     decoded operands at each of DECODED_SWEEP, and its TMA-loading twin at each of TMA_SWEEP; the first of each is
     the one it runs."""
     from autoprec.kernels import quantize
-    from autoprec.kernels.operand import as_operand
-    from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded_tma, scaled_mm_decoded_triton
-    from autoprec.kernels.scaled_mm_triton import bf16_dot, launch
+    from autoprec.kernels.core.operand import as_operand
+    from autoprec.kernels.triton.scaled_mm import bf16_dot, launch
+    from autoprec.kernels.triton.scaled_mm_decoded import scaled_mm_decoded_tma, scaled_mm_decoded_triton
 
     x = torch.randn(m, k, device=rig.device, dtype=torch.bfloat16)
     w = torch.randn(k, n, device=rig.device, dtype=torch.bfloat16)
@@ -255,9 +255,9 @@ def grouped(rig: Rig, peak: float) -> None:
 
     import torch.nn.functional as F
 
-    from autoprec.kernels import grouped_dispatch
-    from autoprec.kernels.grouped import grouped_mm
-    from autoprec.kernels.grouped_route import grouped_route
+    from autoprec.kernels.dispatch import grouped as grouped_dispatch
+    from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+    from autoprec.kernels.dispatch.grouped_route import grouped_route
 
     experts, tokens, k, n = rig.experts, rig.tokens, rig.width, rig.width
     x, w, offs = expert_operands(rig)
@@ -296,8 +296,9 @@ def grouped(rig: Rig, peak: float) -> None:
 def batched(rig: Rig, peak: float) -> None:
     """A planned bmm (attention scores over 64 batch x heads, head dim 128) against torch's bf16 bmm: the block-scaled
     product of quantized operands, alone and with their quantization, naming the grouped GEMM's path."""
-    from autoprec.kernels import grouped_dispatch, quantize, scaled_mm
-    from autoprec.kernels.operand import Operand
+    from autoprec.kernels import quantize, scaled_mm
+    from autoprec.kernels.core.operand import Operand
+    from autoprec.kernels.dispatch import grouped as grouped_dispatch
 
     batch, m, n, k = rig.bmm
     q = torch.randn(batch, m, k, device=rig.device, dtype=torch.bfloat16)
@@ -321,9 +322,9 @@ def grouped_quantize(rig: Rig, hbm_tbs: float) -> None:
     """An experts fprop's operands quantized by the grouped quantizers (every group in one pass, offsets read on
     the device) against one quantization per group, in GB/s against HBM peak; expert weights (E, K, N) as they lie,
     blocked down their strided K (MXFP8 and NVFP4's 1x16 blocks: the slice kernels; NVFP4's 16x16: tiles)."""
-    from autoprec.kernels.dispatch import quantize
-    from autoprec.kernels.grouped_dispatch import quantize_batches, quantize_row_groups
-    from autoprec.kernels.random_bits import group_seed, sr_stream
+    from autoprec.kernels.core.random_bits import group_seed, sr_stream
+    from autoprec.kernels.dispatch.dense import quantize
+    from autoprec.kernels.dispatch.grouped import quantize_batches, quantize_row_groups
 
     experts, tokens = rig.experts, rig.tokens
     x, w, offs = expert_operands(rig)

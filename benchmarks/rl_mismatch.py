@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from rollouts import (MODELS, Mismatch, compile_sampler, compile_trainer, packings, prompts, sample,  # noqa: E402
-                      score, tiny_model)
+from rollouts import MODELS, Mismatch, compile_sampler, compile_trainer, packings, prompts, sample, score, tiny_model  # noqa: E402
 
 RECIPES = ("bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "auto")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from rollouts import MODELS, Mismatch, compile_sampler, compile_trainer, prompts, sample, score, tiny_model
 
 

@@ -1,9 +1,11 @@
-"""autoprec kernels: bit-exact pure-torch references, their Triton versions, and the dispatch between them."""
-from autoprec.kernels.dispatch import dequantize, quantize, scaled_mm
-from autoprec.kernels.hadamard_ref import rht_ref, rht_signs
-from autoprec.kernels.qmm_ref import qmm_ref
-from autoprec.kernels.quantize_ref import dequantize_ref, fake_quantize_ref, quantize_ref
-from autoprec.kernels.quantized import QuantizedTensor
+"""autoprec kernels, by layer: ``core`` (quantized tensors, operands, SR bits), ``reference`` (the bit-exact
+oracles), ``cpu`` (C kernels), ``cuda`` (torch's cuBLAS/CUTLASS GEMMs), ``triton`` (quantizers and GEMMs),
+``dispatch`` (what runs where), then ``ops`` (the ``torch.ops.autoprec`` ops). See docs/kernels.md."""
+from .core.quantized import QuantizedTensor
+from .dispatch import dequantize, quantize, scaled_mm
+from .reference.hadamard import rht_ref, rht_signs
+from .reference.qmm import qmm_ref
+from .reference.quantize import dequantize_ref, fake_quantize_ref, quantize_ref
 
 __all__ = [
     "QuantizedTensor",

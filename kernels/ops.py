@@ -14,11 +14,15 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import BF16, NVFP4, get_format
-from autoprec.kernels import dispatch, grouped, weight_cache
-from autoprec.kernels.grouped_route import grouped_route
-from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.quantized import QuantCopy, QuantizedTensor, normalize_axis
-from autoprec.kernels.random_bits import StepStream
+
+from . import weight_cache
+from .core.quantized import QuantCopy, QuantizedTensor, normalize_axis
+from .core.random_bits import StepStream
+from .dispatch import dense as dispatch
+from .dispatch import grouped_mm as grouped
+from .dispatch import scaled_mm as routed_scaled_mm
+from .dispatch.grouped_route import grouped_route
+from .reference.hadamard import rht_signs
 
 Tensor = torch.Tensor
 _LIB = torch.library.Library("autoprec", "DEF")
@@ -176,7 +180,7 @@ def scaled_mm(
     tensor (unread) for the other formats."""
     a = _operand(a_codes, a_scales, a_ts, a_fmt, False, 1)
     b = _operand(b_codes, b_scales, b_ts, b_fmt, True, b_tile_rows)
-    return dispatch.scaled_mm(a, b, bias, out_dtype)
+    return routed_scaled_mm(a, b, bias, out_dtype)
 
 
 @_fake(scaled_mm)
@@ -198,7 +202,7 @@ def scaled_mm_weight(
     b = weight_cache.prepared(key, w, lambda: _prepared_weight(w, w_fmt, w_tile2d, scale_mode))
     if isinstance(b, torch.Tensor) and b.dtype == torch.float32:
         return dispatch.reference_scaled_mm(a, b, bias, out_dtype)
-    return dispatch.scaled_mm(a, b, bias, out_dtype)
+    return routed_scaled_mm(a, b, bias, out_dtype)
 
 
 def _prepared_weight(w: Tensor, fmt: str, tile2d: bool, scale_mode: str):

@@ -24,10 +24,11 @@ from rich.console import Console
 from rich.progress import Progress
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_dispatch import group_bounds
-from autoprec.kernels.hadamard_ref import rht_signs
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch import scaled_mm
+from autoprec.kernels.dispatch.grouped import group_bounds
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.reference.hadamard import rht_signs
 from autoprec.passes.candidates import Candidate, grouped_config, measured, operand_config
 from autoprec.passes.gemms import GemmKey
 from autoprec.passes.sampling import Sample, sampled_rows
@@ -115,7 +116,7 @@ class Calibration:
         with the whole operands' scales and SR bits: exactly what the graph computes there. ``cache``
         shares operand quantizations and their decoded values between the candidates of one GEMM."""
         if c.fmt == "bf16":
-            return dispatch.scaled_mm(sample.pick(a, 0).bfloat16(), sample.pick(b, 1).bfloat16(), bias)
+            return scaled_mm(sample.pick(a, 0).bfloat16(), sample.pick(b, 1).bfloat16(), bias)
         cache = {} if cache is None else cache
         keys, tiled = [], []
         for which, x in enumerate((a, b)):
@@ -129,7 +130,7 @@ class Calibration:
             keys.append(key)
             tiled.append(tile2d)
         if sample.whole:
-            return dispatch.scaled_mm(cache[keys[0]], cache[keys[1]], bias)
+            return scaled_mm(cache[keys[0]], cache[keys[1]], bias)
         for which, key in enumerate(keys):
             if (key, "values") not in cache:
                 values = dispatch.dequantize(cache[key])

@@ -7,7 +7,7 @@ import torch
 import torch.fx as fx
 
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
-from autoprec.kernels.grouped import EXACT, grouped_layout
+from autoprec.kernels.dispatch.grouped_mm import EXACT, grouped_layout
 
 aten = torch.ops.aten
 MATMUL_OPS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm"}
@@ -34,7 +34,7 @@ class MatmulNode:
     stack_ids: tuple[str, ...] = ()
     offs: fx.Node | None = None  # grouped GEMMs: the groups' cumulative ends
     groups: int | None = None  # grouped GEMMs: the number of groups (experts)
-    layout: str | None = None  # grouped GEMMs: 2d3d, 2d2d or 3d3d (kernels/grouped.py)
+    layout: str | None = None  # grouped GEMMs: 2d3d, 2d2d or 3d3d (kernels/dispatch/grouped_mm.py)
 
     @property
     def name(self) -> str:

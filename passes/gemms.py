@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from autoprec.cost import Hardware, gemm_seconds
 from autoprec.formats import FORMATS, get_format
-from autoprec.kernels.random_bits import inv_mix32, mix32
+from autoprec.kernels.core.random_bits import inv_mix32, mix32
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.group_sites import Site
 from autoprec.roles import MatmulRole

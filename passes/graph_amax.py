@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from autoprec.formats import NVFP4, get_format
-from autoprec.kernels.dispatch import quantize_dtype_problem, use_triton
+from autoprec.kernels.dispatch.dense import quantize_dtype_problem, use_triton
 from autoprec.passes.rewrite import add_like
 
 aten = torch.ops.aten

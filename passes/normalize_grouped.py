@@ -14,7 +14,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from autoprec.kernels.grouped import EXACT
+from autoprec.kernels.dispatch.grouped_mm import EXACT
 from autoprec.passes.rewrite import add_like
 
 aten = torch.ops.aten

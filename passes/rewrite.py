@@ -13,9 +13,9 @@ from torch._guards import detect_fake_mode
 
 import autoprec.kernels.ops  # noqa: F401  (registers torch.ops.autoprec)
 from autoprec.formats import get_format
-from autoprec.kernels.grouped import group_count
-from autoprec.kernels.grouped_route import grouped_route
-from autoprec.kernels.random_bits import offset_seed
+from autoprec.kernels.core.random_bits import offset_seed
+from autoprec.kernels.dispatch.grouped_mm import group_count
+from autoprec.kernels.dispatch.grouped_route import grouped_route
 from autoprec.options import CompileOptions
 from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo

@@ -63,8 +63,9 @@ def sample_after_updates(rank: int, out: str) -> None:
     """An FSDP2-sharded RL sampler whose weights are written between calls (the sharded parameters, as an
     optimizer step writes them; the unsharded ones are all-gathered anew at each forward): saves, per call after a
     write, whether its output equals a call with every weight prepared anew, and whether the write changed it."""
-    import autoprec
     from torch.distributed.fsdp import fully_shard
+
+    import autoprec
 
     torch.manual_seed(0)
     model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=16)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from autoprec.kernels.swizzle import swizzle_scales
+from autoprec.kernels.cuda.swizzle import swizzle_scales
 
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
@@ -102,7 +102,7 @@ def decode_swizzled(mat: torch.Tensor, scale: torch.Tensor, block: int) -> torch
 def stand_in_gpu(monkeypatch, capability: tuple[int, int]) -> None:
     """Dispatch as on a GPU of this compute capability, stood in for on this CPU: ``device_capability`` answers it,
     and Triton's kernels run (in the interpreter) wherever they take the input."""
-    from autoprec.kernels import dispatch
+    from autoprec.kernels.dispatch import dense as dispatch
 
     monkeypatch.setattr(dispatch, "device_capability", lambda device: capability)
     monkeypatch.setattr(dispatch, "triton_problem", lambda device, reason: reason)
@@ -161,21 +161,21 @@ def case_ids(cases) -> list[str]:
 
 def slice_tile_cases() -> list[tuple[str, object]]:
     """(format, config) of every tile the slice kernels (blocks down a strided dim) tune over."""
-    from autoprec.kernels import quantize_cols_triton as qc
+    from autoprec.kernels.triton import quantize_cols as qc
 
     return [("nvfp4", c) for c in qc.NVFP4_CONFIGS] + [("mxfp8", c) for c in qc.MXFP8_CONFIGS]
 
 
 def one_read_tile_cases() -> list[tuple[str, object]]:
     """(format, config) of every tile the one-read quantizers tune over."""
-    from autoprec.kernels import quantize_dual_triton as qd
+    from autoprec.kernels.triton import quantize_dual as qd
 
     return [("nvfp4", c) for c in qd.NVFP4_CONFIGS] + [("mxfp8", c) for c in qd.MXFP8_CONFIGS]
 
 
 def force_one_read_tile(monkeypatch, fmt: str, config) -> None:
     """``force_tile`` for the one-read kernels ``fmt`` runs (NVFP4: its amax pass too)."""
-    from autoprec.kernels import quantize_dual_triton as qd
+    from autoprec.kernels.triton import quantize_dual as qd
 
     nvfp4 = (qd._amax2_kernel, qd._nvfp4_dual_kernel)
     force_tile(monkeypatch, nvfp4 if fmt == "nvfp4" else (qd._mxfp8_dual_kernel,), config)
@@ -203,7 +203,7 @@ def grouped_paths_on_stand_in_gpu(monkeypatch, capability: tuple[int, int], grad
     """Run ``grads()`` (a compiled step returning its gradients) on this CPU's reference kernels, then again on a
     stood-in GPU of this capability (dynamo reset between), assert the two steps' gradients close, and return the
     paths of the grouped GEMMs (``experts_mm``) the stood-in step ran."""
-    from autoprec.kernels import grouped_dispatch
+    from autoprec.kernels.dispatch import grouped as grouped_dispatch
 
     want = grads()
     torch._dynamo.reset()

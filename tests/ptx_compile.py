@@ -13,9 +13,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from autoprec.kernels import quantize_dual_triton as qd
-from autoprec.kernels import quantize_triton as qt
-from autoprec.kernels.launch import FP4_CONVERSIONS, FP8_CONVERSIONS
+from autoprec.kernels.core.launch import FP4_CONVERSIONS, FP8_CONVERSIONS
+from autoprec.kernels.triton import quantize_dual as qd
+from autoprec.kernels.triton import quantize_rows as qt
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:

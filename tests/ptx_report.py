@@ -22,18 +22,18 @@ import sys
 from ptx_compile import LAUNCH_ALIGNED, report
 
 from autoprec.formats import get_format
-from autoprec.kernels import decoded_gemm_tma as tma
-from autoprec.kernels import grouped_mm_triton as gg
-from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels import quantize_dual_triton as qd
-from autoprec.kernels import quantize_grouped_triton as qg
-from autoprec.kernels import quantize_k_groups_triton as kg
-from autoprec.kernels import quantize_triton as qt
-from autoprec.kernels import scaled_mm_decoded as dec
-from autoprec.kernels import scaled_mm_tc_triton as tc
-from autoprec.kernels import scaled_mm_triton as fp32
-from autoprec.kernels import transpose_tiles_triton as tt
-from autoprec.kernels import wgrad_bf16_triton as wb
+from autoprec.kernels.triton import decoded_gemm_tma as tma
+from autoprec.kernels.triton import grouped_mm as gg
+from autoprec.kernels.triton import quantize_cols as qc
+from autoprec.kernels.triton import quantize_dual as qd
+from autoprec.kernels.triton import quantize_grouped as qg
+from autoprec.kernels.triton import quantize_k_groups as kg
+from autoprec.kernels.triton import quantize_rows as qt
+from autoprec.kernels.triton import scaled_mm as fp32
+from autoprec.kernels.triton import scaled_mm_decoded as dec
+from autoprec.kernels.triton import scaled_mm_tc as tc
+from autoprec.kernels.triton import transpose_tiles as tt
+from autoprec.kernels.triton import wgrad_bf16 as wb
 
 POINTERS = {"a_codes": "*u8", "a_scales": "*u8", "a_ts": "*fp32", "b_codes": "*u8", "b_scales": "*u8",
             "b_ts": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "flag_ptr": "*i32", "M": "i32", "N": "i32",

@@ -1,4 +1,4 @@
-"""Every autotuned kernel benchmarks its tiles briefly (kernels/autotune.py), and the brief benchmark is Triton's
+"""Every autotuned kernel benchmarks its tiles briefly (kernels/triton/autotune.py), and the brief benchmark is Triton's
 with 5 ms of warm-up and 20 ms of repetitions."""
 import importlib
 import pkgutil
@@ -10,14 +10,14 @@ import triton.testing  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
 import autoprec.kernels as kernels  # noqa: E402
-from autoprec.kernels import autotune  # noqa: E402
+from autoprec.kernels.triton import autotune  # noqa: E402
 
 
 def autotuned() -> dict[str, Autotuner]:
     found = {}
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"autoprec.kernels.{info.name}")
-        found.update({f"{info.name}.{n}": v for n, v in vars(module).items() if isinstance(v, Autotuner)})
+    for info in pkgutil.walk_packages(kernels.__path__, prefix="autoprec.kernels."):
+        module = importlib.import_module(info.name)
+        found.update({f"{info.name.removeprefix('autoprec.kernels.')}.{n}": v for n, v in vars(module).items() if isinstance(v, Autotuner)})
     return found
 
 

@@ -9,12 +9,12 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_mm_triton import TC_BLOCKS, bf16_dot, grouped_wgrad_tc_triton, launch_grouped
-from autoprec.kernels.operand import Operand
-from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton
-from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
-from autoprec.kernels.quantize_ref import quantize_ref
+from autoprec.kernels.core.operand import Operand
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.reference.quantize import quantize_ref
+from autoprec.kernels.triton.grouped_mm import TC_BLOCKS, bf16_dot, grouped_wgrad_tc_triton, launch_grouped
+from autoprec.kernels.triton.quantize_grouped import quantize_batches_triton
+from autoprec.kernels.triton.quantize_k_groups import quantize_k_groups_triton
 
 from helpers import stand_in_gpu
 from test_sm100_grouped_native import fake_scaled_grouped_mm

@@ -1,4 +1,5 @@
-"""Batched block-scaled products (kernels/batched.py; planned bmm: eager attention, batched experts): on each GPU
+"""Batched block-scaled products (kernels/dispatch/batched.py; planned bmm: eager attention, batched experts):
+on each GPU
 path one grouped GEMM of B equal groups, not one GEMM per batch item, equal to the reference's fp32 batched matmul up
 to accumulation order, reading nothing on the host; Triton in the interpreter, GPUs stood in for."""
 import pytest
@@ -7,8 +8,10 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from autoprec.kernels import dispatch, grouped_dispatch
-from autoprec.kernels.operand import Operand
+from autoprec.kernels import scaled_mm
+from autoprec.kernels.core.operand import Operand
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch import grouped as grouped_dispatch
 
 from helpers import grouped_paths_on_stand_in_gpu, record_calls, stand_in_gpu
 from test_no_host_sync import HostReads
@@ -42,7 +45,7 @@ def run_batched(monkeypatch, fmt: str, bias: bool, out_dtype: torch.dtype) -> tu
     monkeypatch.setattr(dispatch, "scaled_mm_native", lambda *a: pytest.fail("a dense GEMM per batch item"))
     bias_t = torch.randn(N) if bias else None
     with HostReads() as rec:
-        got = dispatch.scaled_mm(a, b, bias_t, out_dtype)
+        got = scaled_mm(a, b, bias_t, out_dtype)
     assert rec.found == []
     assert got.shape == (B, M, N) and got.dtype == out_dtype
     close(got, dispatch.reference_scaled_mm(a, b, bias_t, torch.float32))
@@ -78,8 +81,8 @@ def test_batched_bf16_product_is_one_batched_matmul(monkeypatch):
     dense: list = []
     record_calls(monkeypatch, dispatch, "scaled_mm", dense)
     bias = torch.randn(N)
-    got = dispatch.scaled_mm(a, b, bias, torch.bfloat16)
-    assert len(dense) == 1, "no dense GEMM per batch item"
+    got = scaled_mm(a, b, bias, torch.bfloat16)
+    assert dense == [], "no dense GEMM per batch item"
     assert torch.equal(got, dispatch.reference_scaled_mm(a, b, bias, torch.bfloat16))
 
 
@@ -89,21 +92,21 @@ def test_batched_bf16_beside_quantized_runs_per_item(monkeypatch):
     (a, _), (_, b) = operands("nvfp4"), operands(None)
     dense: list = []
     record_calls(monkeypatch, dispatch, "scaled_mm", dense)
-    got = dispatch.scaled_mm(a, b, None, torch.float32)
-    assert len(dense) == 1 + B
+    got = scaled_mm(a, b, None, torch.float32)
+    assert len(dense) == B
     close(got, dispatch.reference_scaled_mm(a, b, None, torch.float32))
 
 
 def test_batched_operands_are_checked():
     a, b = operands("mxfp8")
     with pytest.raises(ValueError, match=r"batched shapes \(3, 40, 64\) @ \(3, 48, 64\)"):
-        dispatch.scaled_mm(a, dispatch.quantize(torch.randn(B, N, K), "mxfp8", 2))
+        scaled_mm(a, dispatch.quantize(torch.randn(B, N, K), "mxfp8", 2))
     with pytest.raises(ValueError, match="operand b must be blocked along its reduction dim 1, got dim 2"):
-        dispatch.scaled_mm(a, dispatch.quantize(torch.randn(B, K, K), "mxfp8", 2))
+        scaled_mm(a, dispatch.quantize(torch.randn(B, K, K), "mxfp8", 2))
     with pytest.raises(ValueError, match=r"bias must have shape \(48,\)"):
-        dispatch.scaled_mm(a, b, torch.zeros(K))
+        scaled_mm(a, b, torch.zeros(K))
     with pytest.raises(TypeError, match="operand b must be a QuantizedTensor or bfloat16, got torch.float32"):
-        dispatch.scaled_mm(a, torch.randn(B, K, N))
+        scaled_mm(a, torch.randn(B, K, N))
 
 
 def test_sm100_batch_of_1024_items_runs_the_one_launch_triton_gemm(monkeypatch):
@@ -116,7 +119,7 @@ def test_sm100_batch_of_1024_items_runs_the_one_launch_triton_gemm(monkeypatch):
     paths: list = []
     monkeypatch.setattr(grouped_dispatch, "experts_mm",
                         lambda qa, qb, offs, out_dtype, path: paths.append(path) or torch.zeros(1024, 16))
-    assert dispatch.scaled_mm(a, b, None, torch.bfloat16).shape == (1024, 1, 16) and paths == ["decoded_grouped"]
+    assert scaled_mm(a, b, None, torch.bfloat16).shape == (1024, 1, 16) and paths == ["decoded_grouped"]
     ops = (Operand(a.fmt, None, None, None, 1, 32), Operand(b.fmt, None, None, None, 16, 32))
     assert "1024 groups (torch's grouped GEMMs take at most 1023)" in grouped_dispatch.grouped_gemm_path(
         (10, 0), "2d3d", *ops, torch.bfloat16, 1024)[1]

@@ -201,7 +201,7 @@ def test_stochastic_rounding_bits_do_not_depend_on_other_runs():
 def test_transposed_16x16_tiles_are_the_quantization_of_the_transpose():
     """With 16x16 tiles the dgrad's weight (blocked along N) is the fprop's (blocked along K) transposed:
     same tiles, scales and codes, so the weight is quantized once."""
-    from autoprec.kernels import dispatch
+    from autoprec.kernels.dispatch import dense as dispatch
     from autoprec.kernels.ops import transpose_tiles
 
     w = torch.randn(48, 64) * torch.logspace(-3, 3, 64)  # tiles of very different scales
@@ -217,7 +217,8 @@ def test_transposed_16x16_tiles_are_the_quantization_of_the_transpose():
 def test_transpose_tiles_triton_is_the_references_bytes_in_one_launch(monkeypatch, shape):
     """The Triton transpose of a 16x16-tiled matrix (the interpreter, one launch; partial 64 x 64 tiles both ways)
     writes the reference's codes and scales byte for byte, on every code and scale byte."""
-    from autoprec.kernels import dispatch, transpose_tiles_triton
+    from autoprec.kernels.dispatch import dense as dispatch
+    from autoprec.kernels.triton import transpose_tiles as transpose_tiles_triton
 
     gen = torch.Generator().manual_seed(2)
     rows, k = shape

@@ -1,12 +1,14 @@
-"""The fused C quantizer (kernels/cpu_fused.py) against the pure-torch references, bit for bit."""
+"""The fused C quantizer (kernels/cpu/fused.py) against the pure-torch references, bit for bit."""
 import itertools
 
 import pytest
 import torch
 
 from autoprec.formats import get_format
-from autoprec.kernels import cpu_fused, dequantize_ref, dispatch, quantize_ref, rht_ref, rht_signs
-from autoprec.kernels.random_bits import sr_bits
+from autoprec.kernels import dequantize_ref, quantize_ref, rht_ref, rht_signs
+from autoprec.kernels.core.random_bits import sr_bits
+from autoprec.kernels.cpu import fused as cpu_fused
+from autoprec.kernels.dispatch import dense as dispatch
 
 from helpers import bits_equal, edge_tensor
 

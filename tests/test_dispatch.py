@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from autoprec.kernels import (
-    dispatch,
-    launch,
     ops,  # noqa: F401  (registers torch.ops.autoprec)
     qmm_ref,
     quantize_ref,
 )
+from autoprec.kernels.core import launch
+from autoprec.kernels.dispatch import dense as dispatch
 
 from helpers import bits_equal
 

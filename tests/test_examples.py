@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoprec.kernels.quantize_cols_triton import INTERPRETER_TILE
+from autoprec.kernels.triton.quantize_cols import INTERPRETER_TILE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from autoprec.kernels import dequantize_ref, dispatch, qmm_ref, quantize_ref
+from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
+from autoprec.kernels.dispatch import dense as dispatch
 
 from helpers import bits_equal
 

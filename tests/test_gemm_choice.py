@@ -1,4 +1,5 @@
-"""sm_90's decoded GEMM takes cuBLAS's or Triton's product by measurement (``kernels/gemm_choice.py``): each key is
+"""sm_90's decoded GEMM takes cuBLAS's or Triton's product by measurement (``kernels/triton/gemm_choice.py``):
+each key is
 timed once, remembered in the process and on disk, pinned by AUTOPREC_DECODED_GEMM, never timed off a GPU. The
 timer is a stand-in here (no GPU); the products run in Triton's interpreter."""
 import pytest
@@ -6,9 +7,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from autoprec.kernels import gemm_choice, quantize_ref
-from autoprec.kernels import scaled_mm_decoded as dec
-from autoprec.kernels.operand import as_operand
+from autoprec.kernels import quantize_ref
+from autoprec.kernels.core.operand import as_operand
+from autoprec.kernels.triton import gemm_choice
+from autoprec.kernels.triton import scaled_mm_decoded as dec
 
 from helpers import to_device
 

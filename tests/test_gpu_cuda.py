@@ -6,12 +6,15 @@ import torch
 
 import autoprec
 from autoprec.cost import device_note
-from autoprec.kernels import dispatch, gemm_choice, grouped_dispatch, quantize_ref
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_route import grouped_route
-from autoprec.kernels.operand import as_operand
-from autoprec.kernels.random_bits import sr_stream
-from autoprec.kernels.scaled_mm_decoded import scaled_mm_decoded, scaled_mm_decoded_triton
+from autoprec.kernels import quantize_ref
+from autoprec.kernels.core.operand import as_operand
+from autoprec.kernels.core.random_bits import sr_stream
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch import grouped as grouped_dispatch
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.dispatch.grouped_route import grouped_route
+from autoprec.kernels.triton import gemm_choice
+from autoprec.kernels.triton.scaled_mm_decoded import scaled_mm_decoded, scaled_mm_decoded_triton
 
 from gpt_model import TinyGPT, tokens
 from helpers import amax_edge_case, stored_amax_bits, to_device, with_amax_bits

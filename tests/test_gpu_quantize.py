@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, launch
-from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels import quantize_triton as qt
-from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
-from autoprec.kernels.quantized import QuantCopy
-from autoprec.kernels.random_bits import sr_stream
+from autoprec.kernels.core import launch
+from autoprec.kernels.core.quantized import QuantCopy
+from autoprec.kernels.core.random_bits import sr_stream
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.triton import quantize_cols as qc
+from autoprec.kernels.triton import quantize_rows as qt
+from autoprec.kernels.triton.quantize_dual import quantize_dual_triton
 
 from helpers import (
     assert_same,

@@ -6,9 +6,11 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from autoprec import backend
-from autoprec.kernels import dispatch, quantize_dual_triton, quantize_triton
+from autoprec.kernels.core.quantized import QuantCopy
+from autoprec.kernels.dispatch import dense as dispatch
 from autoprec.kernels.ops import quantize, quantize_dual
-from autoprec.kernels.quantized import QuantCopy
+from autoprec.kernels.triton import quantize_dual as quantize_dual_triton
+from autoprec.kernels.triton import quantize_rows as quantize_triton
 from autoprec.passes.graph_amax import QUANTIZE, QUANTIZE_DUAL, op_args, takes_rht
 
 from gpt_model import TinyGPT, tokens

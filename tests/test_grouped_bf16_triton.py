@@ -1,4 +1,4 @@
-"""Unquantized experts GEMMs (and batches of experts) in one Triton launch (kernels/grouped_bf16_triton.py), where
+"""Unquantized experts GEMMs (and batches of experts) in one Triton launch (kernels/triton/grouped_bf16.py), where
 torch's grouped GEMM would loop on the host (sm_80, sm_89, sm_120; an fp32 output), in the interpreter: each
 group's product equals the per-group loop up to accumulation order, what no group writes is zero, and nothing is
 read on the host."""
@@ -7,9 +7,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_bf16_triton import bf16_grouped_problem
-from autoprec.kernels.grouped_route import grouped_route
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.dispatch.grouped_route import grouped_route
+from autoprec.kernels.triton.grouped_bf16 import bf16_grouped_problem
 
 from helpers import record_calls, stand_in_gpu
 from test_no_host_sync import HostReads
@@ -95,7 +95,8 @@ def test_sm80_compiled_moe_step_runs_its_bf16_experts_in_one_launch_each(monkeyp
     gradients equal the same step on the CPU's per-group loop."""
     from test_moe import MoEBlock
 
-    from autoprec.kernels import grouped_mm_triton, wgrad_bf16_triton
+    from autoprec.kernels.triton import grouped_mm as grouped_mm_triton
+    from autoprec.kernels.triton import wgrad_bf16 as wgrad_bf16_triton
 
     def step(seed_model: MoEBlock) -> list[torch.Tensor]:
         model = MoEBlock().bfloat16()

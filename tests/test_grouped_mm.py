@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 import autoprec.kernels.ops  # noqa: F401
 from autoprec.formats import get_format
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.hadamard_ref import rht_ref, rht_signs
-from autoprec.kernels.quantize_ref import dequantize_ref, quantize_ref
-from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
+from autoprec.kernels.core.random_bits import group_seed, sr_bits, sr_stream
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.reference.hadamard import rht_ref, rht_signs
+from autoprec.kernels.reference.quantize import dequantize_ref, quantize_ref
 
 SIZES = [5, 0, 16, 37, 22]  # an empty expert, groups that are not whole blocks
 OFFS = torch.tensor(SIZES, dtype=torch.int32).cumsum(0).to(torch.int32)
@@ -105,7 +105,7 @@ def test_operands_are_quantized_where_they_lie(monkeypatch, k):
     whole blocks padded in the kernels (the bytes: ``test_fprop_layout_bit_exact``,
     ``test_batched_layout_bit_exact``)."""
     pytest.importorskip("triton")
-    from autoprec.kernels import grouped_dispatch
+    from autoprec.kernels.dispatch import grouped as grouped_dispatch
 
     seen = []
     for name in ("quantize_row_groups", "quantize_batches"):

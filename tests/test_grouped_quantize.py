@@ -9,10 +9,13 @@ from helpers import bits_equal, edge_tensor, force_tile, record_runs, slice_tile
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, grouped_dispatch, quantize_grouped_triton, quantize_ref, rht_ref
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
-from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
+from autoprec.kernels import quantize_ref, rht_ref
+from autoprec.kernels.core.random_bits import group_seed, sr_bits, sr_stream
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch import grouped as grouped_dispatch
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.triton import quantize_grouped as quantize_grouped_triton
+from autoprec.kernels.triton.quantize_grouped import quantize_batches_triton, quantize_row_groups_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STEP = 5

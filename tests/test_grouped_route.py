@@ -1,4 +1,5 @@
-"""One decision for a grouped product (kernels/grouped_route.py): the route ``grouped_mm`` runs is the route whose
+"""One decision for a grouped product (kernels/dispatch/grouped_route.py): the route ``grouped_mm`` runs is
+the route whose
 ``host_read`` the rewrite and the capture check read. Here each route runs on a GPU stood in for (its capability
 answered, Triton's kernels in the interpreter, torch's CPU ops in place of its CUDA kernels) under ``HostReads``:
 a device value is read on the host exactly where the route says so, and the route names the path that ran."""
@@ -8,9 +9,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from autoprec.kernels import grouped_dispatch
-from autoprec.kernels.grouped import group_count, grouped_layout, grouped_mm
-from autoprec.kernels.grouped_route import grouped_route
+from autoprec.kernels.dispatch import grouped as grouped_dispatch
+from autoprec.kernels.dispatch.grouped_mm import group_count, grouped_layout, grouped_mm
+from autoprec.kernels.dispatch.grouped_route import grouped_route
 
 from helpers import record_calls, stand_in_gpu
 from test_no_host_sync import HostReads

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from autoprec.kernels import dispatch
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_route import grouped_route
-from autoprec.kernels.grouped_torch import torch_grouped_mm, torch_grouped_problem
+from autoprec.kernels.cuda.grouped_bf16 import torch_grouped_mm, torch_grouped_problem
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.dispatch.grouped_route import grouped_route
 
 from helpers import stand_in_gpu
 from test_no_host_sync import HostReads

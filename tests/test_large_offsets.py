@@ -33,10 +33,10 @@ x.copy_(torch.randn(ROWS, K, generator=torch.Generator().manual_seed(0)))
 # rows 32 and 33 start past 2**31 elements
 SCRIPT = strided_rows(34, 64, 1 << 26) + r'''
 from autoprec.formats import get_format
-from autoprec.kernels.quantize_grouped_triton import quantize_row_groups_triton
-from autoprec.kernels.quantize_k_groups_triton import quantize_k_groups_triton
-from autoprec.kernels.quantize_triton import quantize_triton
-from autoprec.kernels.random_bits import StepStream
+from autoprec.kernels.triton.quantize_grouped import quantize_row_groups_triton
+from autoprec.kernels.triton.quantize_k_groups import quantize_k_groups_triton
+from autoprec.kernels.triton.quantize import quantize_triton
+from autoprec.kernels.core.random_bits import StepStream
 
 dense = x.contiguous()
 offs, step = torch.tensor([12, 12, 34], dtype=torch.int32), torch.tensor(2)
@@ -67,7 +67,7 @@ print("MISMATCH " + ", ".join(bad) if bad else "OK")
 
 EPILOGUE = r'''
 import torch
-from autoprec.kernels.scaled_mm_decoded import _epilogue_kernel
+from autoprec.kernels.triton.scaled_mm_decoded import _epilogue_kernel
 
 M, N, BM, BN = 33, 1 << 26, 32, 128  # row 32 of the (M, N) product, the second row tile, starts at 2**31 elements
 try:
@@ -85,7 +85,7 @@ print("OK" if torch.equal(out[:, :BN], acc[:, :BN].bfloat16()) else "MISMATCH")
 
 # rows 128 and 129 of the (M, T) operand, its second row tile, start past 2**31 elements
 WGRAD = strided_rows(130, 40, 1 << 24) + r'''
-from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
+from autoprec.kernels.triton.wgrad_bf16 import bf16_wgrad
 
 a, T = x, K
 b, offs = torch.randn(T, 24, generator=torch.Generator().manual_seed(1)).bfloat16(), torch.tensor([20, 40]).int()

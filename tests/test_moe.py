@@ -1,5 +1,5 @@
 """Mixture-of-experts: grouped expert GEMMs are found, planned per experts module and run quantized
-(bit-exact with kernels/grouped.py), in a plain-torch block and in transformers' Mixtral and Qwen3-MoE
+(bit-exact with kernels/dispatch/grouped_mm.py), in a plain-torch block and in transformers' Mixtral and Qwen3-MoE
 with each experts implementation; what autoprec cannot plan is named, never hidden in the shares."""
 from dataclasses import replace
 
@@ -10,7 +10,7 @@ from torch import nn
 
 import autoprec
 from autoprec.cost import get_hardware
-from autoprec.kernels.grouped import grouped_mm
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 from autoprec.model_plan import plans_of
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

@@ -11,13 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dequantize_ref, dispatch, quantize_ref
-from autoprec.kernels.operand import as_operand
-from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
-from autoprec.kernels.quantize_triton import quantize_triton
-from autoprec.kernels.random_bits import StepStream, sr_stream
-from autoprec.kernels.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
-from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch
+from autoprec.kernels import dequantize_ref, quantize_ref
+from autoprec.kernels.core.operand import as_operand
+from autoprec.kernels.core.random_bits import StepStream, sr_stream
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.triton.quantize import quantize_triton
+from autoprec.kernels.triton.quantize_grouped import quantize_batches_triton, quantize_row_groups_triton
+from autoprec.kernels.triton.scaled_mm import DOT_FP32, launch
+from autoprec.kernels.triton.scaled_mm_decoded import decode_bf16, scaled_mm_decoded, scaled_mm_decoded_triton
 
 from helpers import bits_equal, to_device
 

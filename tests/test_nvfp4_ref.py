@@ -5,7 +5,7 @@ import torch
 
 from autoprec.formats import NVFP4
 from autoprec.kernels import dequantize_ref, quantize_ref
-from autoprec.kernels.rounding_ref import unpack_nibbles
+from autoprec.kernels.reference.rounding import unpack_nibbles
 
 from helpers import bits_equal
 

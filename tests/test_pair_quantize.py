@@ -5,10 +5,13 @@ import torch
 import triton
 
 from autoprec import backend
-from autoprec.kernels import dispatch, quantize_cols_triton, quantize_triton, rht_ref, rht_signs
+from autoprec.kernels import rht_ref, rht_signs
+from autoprec.kernels.core.quantized import QuantCopy
+from autoprec.kernels.core.random_bits import StepStream
+from autoprec.kernels.dispatch import dense as dispatch
 from autoprec.kernels.ops import quantize, quantize_dual
-from autoprec.kernels.quantized import QuantCopy
-from autoprec.kernels.random_bits import StepStream
+from autoprec.kernels.triton import quantize_cols as quantize_cols_triton
+from autoprec.kernels.triton import quantize_rows as quantize_triton
 
 from gpt_model import MLP
 from helpers import bits_equal, edge_tensor

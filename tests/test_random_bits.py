@@ -1,7 +1,7 @@
 """Stochastic rounding's random bits: a pure hash of (stream, index), the same in every execution."""
 import torch
 
-from autoprec.kernels.random_bits import (
+from autoprec.kernels.core.random_bits import (
     SR_BITS,
     group_seed,
     inv_mix32,

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from autoprec.kernels import dequantize_ref, quantize_ref
-from autoprec.kernels.random_bits import sr_bits
+from autoprec.kernels.core.random_bits import sr_bits
 
 from helpers import bits_equal, edge_tensor
 

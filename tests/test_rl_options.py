@@ -66,7 +66,7 @@ def test_static_scales_in_pretraining_are_measured_then_used():
 def test_a_rows_product_does_not_depend_on_how_many_rows_share_it(fmt):
     """The CPU reference product of 1 to 3 rows equals those rows of a bigger product, bit for bit (a decode step's
     expert may get one token): BLAS's few-row path is not taken (``dispatch.ROW_FLOOR``)."""
-    from autoprec.kernels import dispatch
+    from autoprec.kernels.dispatch import dense as dispatch
 
     gen = torch.Generator().manual_seed(0)
     a, w = torch.randn(64, 512, generator=gen), torch.randn(256, 512, generator=gen)

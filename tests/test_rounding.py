@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from autoprec.formats import E2M1, E4M3, E5M2
-from autoprec.kernels.rounding_ref import (
+from autoprec.kernels.reference.rounding import (
     e2m1_decode,
     e2m1_encode,
     e8m0_decode,

@@ -9,12 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 
-from autoprec.kernels import dispatch, grouped_dispatch
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_route import grouped_route
-from autoprec.kernels.hadamard_ref import rht_signs
-from autoprec.kernels.operand import as_operand
-from autoprec.kernels.quantize_triton import _rht_operand
+from autoprec.kernels.core.operand import as_operand
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch import grouped as grouped_dispatch
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.dispatch.grouped_route import grouped_route
+from autoprec.kernels.reference.hadamard import rht_signs
+from autoprec.kernels.triton.quantize_rows import rht_operand
 
 from helpers import decode_swizzled, stand_in_gpu
 from test_no_host_sync import HostReads
@@ -125,7 +126,7 @@ def native_and_loop(monkeypatch, a, b, offs, fmt, **args):
     monkeypatch.setattr(F, "scaled_grouped_mm", fake_scaled_grouped_mm)
     calls.clear()
     if args.get("rht"):  # the sign vector's one copy to the device (cached per vector) is made before the check
-        _rht_operand(a, True, args.get("rht_signs"))
+        rht_operand(a, True, args.get("rht_signs"))
     with HostReads() as rec:
         got = grouped_mm(a, b, offs, fmt, **args)
     assert rec.found == []

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from autoprec.kernels import dispatch
-from autoprec.kernels import scaled_mm_native as native
-from autoprec.kernels.operand import Operand, as_operand
-from autoprec.kernels.scaled_mm_native import native_problem, scaled_mm_native
+from autoprec.kernels.core.operand import Operand, as_operand
+from autoprec.kernels.cuda import scaled_mm as native
+from autoprec.kernels.cuda.scaled_mm import native_problem, scaled_mm_native
+from autoprec.kernels.dispatch import dense as dispatch
 
 from helpers import decode_swizzled
 

@@ -1,4 +1,4 @@
-"""The experts' one-launch grouped GEMM (2d x 3d, offsets read on the device; kernels/grouped_mm_triton.py) in the
+"""The experts' one-launch grouped GEMM (2d x 3d, offsets read on the device; kernels/triton/grouped_mm.py) in the
 interpreter: each group's rows equal the dense reference GEMM of that group's own quantizations (fp32 accumulation
 order), rows past the last offset are zero, values bf16 does not hold go to the fp32 kernel, and the decoded
 (sm_90) path reads nothing on the host. Which path runs where: test_sm100_grouped_native.py."""
@@ -9,12 +9,12 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch
-from autoprec.kernels.grouped_dispatch import experts_mm, experts_operands
-from autoprec.kernels.grouped_mm_triton import grouped_mm_decoded
-from autoprec.kernels.grouped_route import grouped_route
-from autoprec.kernels.quantize_grouped_triton import quantize_batches_triton, quantize_row_groups_triton
-from autoprec.kernels.quantized import QuantizedGroups
+from autoprec.kernels.core.quantized import QuantizedGroups
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch.grouped import experts_mm, experts_operands
+from autoprec.kernels.dispatch.grouped_route import grouped_route
+from autoprec.kernels.triton.grouped_mm import grouped_mm_decoded
+from autoprec.kernels.triton.quantize_grouped import quantize_batches_triton, quantize_row_groups_triton
 
 from helpers import grouped_paths_on_stand_in_gpu, pairwise, stand_in_gpu, to_device
 from test_no_host_sync import HostReads
@@ -111,7 +111,7 @@ def test_sm90_grouped_experts_gemm_reads_nothing_on_the_host(fmt):
 def test_sm90_grouped_gemm_path_runs_in_one_launch_in_the_interpreter(monkeypatch):
     """A quantized 2d x 3d grouped_mm under AUTOPREC_KERNELS=triton takes the one-launch kernel (no dense GEMM per
     group) and matches auto mode's per-group CPU kernels."""
-    from autoprec.kernels.grouped import grouped_mm
+    from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 
     gen = torch.Generator().manual_seed(4)
     a, w = torch.randn(T, K, generator=gen), torch.randn(len(ENDS), K, N, generator=gen)
@@ -130,7 +130,7 @@ def test_sm90_batched_grouped_mm_is_one_launch_reading_nothing_on_the_host(monke
     groups of the one-launch experts GEMM, whose ends are made on the device (no host read, no dense GEMM per
     item), equal to auto mode's per-item CPU kernels up to accumulation order; a reduction that is not whole blocks
     (40) zero-padded once for the batch."""
-    from autoprec.kernels.grouped import grouped_mm
+    from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 
     gen = torch.Generator().manual_seed(5)
     a, w = torch.randn(6, 40, k, generator=gen), torch.randn(6, k, N, generator=gen)
@@ -188,7 +188,7 @@ def test_sm90_grouped_gemm_with_many_small_groups(monkeypatch, fmt):
     """70 experts of 0-4 tokens (a sampler's decode step: most row tiles hold a group of their own; the kernel's
     group table is 128 wide), bf16 tokens: the one-launch 2d x 3d product equals auto mode's per-group CPU
     kernels."""
-    from autoprec.kernels.grouped import grouped_mm
+    from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 
     gen = torch.Generator().manual_seed(5)
     offs = torch.randint(0, 5, (70,), generator=gen).cumsum(0).to(torch.int32)

@@ -1,5 +1,5 @@
 """The experts' wgrad (2d x 2d, token groups along the reduction) without host reads, in the interpreter: the
-K-grouped quantizer (kernels/quantize_k_groups_triton.py) writes, group by group, the bytes of quantizing each
+K-grouped quantizer (kernels/triton/quantize_k_groups.py) writes, group by group, the bytes of quantizing each
 zero-padded group alone; the one-launch wgrad GEMM equals each group's dense reference GEMM (fp32 accumulation
 order), an empty group's gradient is zero; the decoded (sm_90) path reads nothing on the host; grouped_mm runs
 it for 2d x 2d."""
@@ -10,13 +10,14 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import dispatch, quantize_ref, rht_ref
-from autoprec.kernels import quantize_k_groups_triton as k_groups
-from autoprec.kernels.grouped import grouped_mm
-from autoprec.kernels.grouped_mm_triton import grouped_wgrad_decoded, grouped_wgrad_tc_triton
-from autoprec.kernels.operand import Operand
-from autoprec.kernels.quantize_k_groups_triton import GROUP_PAD, quantize_k_groups_triton
-from autoprec.kernels.random_bits import group_seed, sr_bits, sr_stream
+from autoprec.kernels import quantize_ref, rht_ref
+from autoprec.kernels.core.operand import Operand
+from autoprec.kernels.core.random_bits import group_seed, sr_bits, sr_stream
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.dispatch.grouped_mm import grouped_mm
+from autoprec.kernels.triton import quantize_k_groups as k_groups
+from autoprec.kernels.triton.grouped_mm import grouped_wgrad_decoded, grouped_wgrad_tc_triton
+from autoprec.kernels.triton.quantize_k_groups import GROUP_PAD, quantize_k_groups_triton
 
 from helpers import bits_equal, edge_tensor, force_tile, pairwise, record_runs, tile_id, tile_sweep
 from test_no_host_sync import HostReads

@@ -19,13 +19,14 @@ pytest.importorskip("triton")
 
 import ptx_report as script
 
-from autoprec.kernels import dispatch, quantize_ref
-from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels import quantize_dual_triton as qd
-from autoprec.kernels import quantize_grouped_triton as qg
-from autoprec.kernels.operand import as_operand
-from autoprec.kernels.quantize_triton import CONFIGS as QUANT_CONFIGS
-from autoprec.kernels.scaled_mm_tc_triton import exact_decode_problem
+from autoprec.kernels import quantize_ref
+from autoprec.kernels.core.operand import as_operand
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.triton import quantize_cols as qc
+from autoprec.kernels.triton import quantize_dual as qd
+from autoprec.kernels.triton import quantize_grouped as qg
+from autoprec.kernels.triton.quantize_rows import CONFIGS as QUANT_CONFIGS
+from autoprec.kernels.triton.scaled_mm_tc import exact_decode_problem
 
 # opt-in shared memory per block: A100, H100/H200, B200, RTX 50x0 / PRO 6000
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
@@ -285,11 +286,13 @@ def test_ptx_report_compiles_every_kernel_autoprec_launches():
         return {(id(unwrapped(kernel)), cap) for (_, kernel, *_), cap in script.jobs(full)}
 
     launched = {}
-    for path in sorted(Path(autoprec.kernels.__file__).parent.glob("*.py")):
-        module = importlib.import_module(f"autoprec.kernels.{path.stem}")
+    root = Path(autoprec.kernels.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        dotted = ".".join(path.relative_to(root).with_suffix("").parts)
+        module = importlib.import_module(f"autoprec.kernels.{dotted}")
         for name in set(re.findall(r"\b(\w+)\[", path.read_text())):
             if isinstance(getattr(module, name, None), KernelInterface):
-                launched[f"{path.stem}.{name}"] = id(unwrapped(getattr(module, name)))
+                launched[f"{dotted}.{name}"] = id(unwrapped(getattr(module, name)))
     assert len(launched) >= 20, launched
     full, quick = compiled(True), compiled(False)
     assert [(name, cap) for name, kernel in launched.items() for cap in (90, 100) if (kernel, cap) not in full] == []

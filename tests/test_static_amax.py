@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from autoprec.kernels import dispatch
-from autoprec.kernels.quantize_ref import dequantize_ref, quantize_ref
-from autoprec.kernels.quantized import QuantCopy
+from autoprec.kernels.core.quantized import QuantCopy
+from autoprec.kernels.dispatch import dense as dispatch
+from autoprec.kernels.reference.quantize import dequantize_ref, quantize_ref
 
 from helpers import assert_same
 
@@ -83,7 +83,7 @@ def test_every_path_takes_the_given_amax(monkeypatch, mode, case):
 def test_grouped_tokens_take_the_static_amax(monkeypatch, mode):
     """A 2d x 3d experts product with a static amax for its tokens: each token's quantization (so its output row)
     is the same whichever tokens share its expert, on the CPU loop and the Triton grouped quantizer alike."""
-    from autoprec.kernels.grouped import grouped_mm
+    from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 
     monkeypatch.setenv("AUTOPREC_KERNELS", mode)
     gen = torch.Generator().manual_seed(3)

@@ -4,8 +4,8 @@ import torch
 
 from autoprec.formats import E2M1, E4M3
 from autoprec.kernels import dequantize_ref, quantize_ref
-from autoprec.kernels.random_bits import sr_bits
-from autoprec.kernels.rounding_ref import round_to_element
+from autoprec.kernels.core.random_bits import sr_bits
+from autoprec.kernels.reference.rounding import round_to_element
 
 from helpers import bits_equal
 

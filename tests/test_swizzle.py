@@ -3,7 +3,7 @@ group layouts."""
 import pytest
 import torch
 
-from autoprec.kernels.swizzle import swizzle_scales
+from autoprec.kernels.cuda.swizzle import swizzle_scales
 
 to_blocked = pytest.importorskip("torchao.prototype.mx_formats.utils").to_blocked
 
@@ -28,7 +28,7 @@ def test_swizzle_sm100_token_group_scales_match_torchao_moe_layout(cols):
     rows, rows past the last offset dropped): bit for bit torchao's MoE layout for M groups, the rest of the
     any-group-sizes buffer zero."""
     layouts = pytest.importorskip("torchao.prototype.moe_training.kernels.mxfp8.quant")
-    from autoprec.kernels.scaled_grouped_mm_native import _row_group_scales
+    from autoprec.kernels.cuda.scaled_grouped_mm import _row_group_scales
 
     offs = torch.tensor([5, 0, 130, 128, 1]).cumsum(0).to(torch.int32)  # an empty group, one of 128 and 130 rows
     scales = torch.randint(1, 256, (int(offs[-1]) + 3, cols), generator=torch.Generator().manual_seed(cols),
@@ -42,7 +42,7 @@ def test_swizzle_sm100_k_group_scales_match_torchao_moe_layout():
     makes them), each group's chunk swizzled on its own on the device: bit for bit torchao's MoE layout for K
     groups."""
     layouts = pytest.importorskip("torchao.prototype.moe_training.kernels.mxfp8.quant")
-    from autoprec.kernels.scaled_grouped_mm_native import _k_group_scales
+    from autoprec.kernels.cuda.scaled_grouped_mm import _k_group_scales
 
     ends = torch.tensor([8, 8, 24, 24, 40], dtype=torch.int32)  # scale columns; empty groups first and inside
     scales = torch.randint(1, 256, (200, 40), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)

@@ -25,8 +25,8 @@ JIT = (JITFunction, InterpretedFunction)  # what triton.jit makes, compiling or 
 def jit_functions() -> dict[str, JITFunction | InterpretedFunction]:
     """Every jit function defined in autoprec.kernels, by module-qualified name (autotuned kernels unwrapped)."""
     found = {}
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"autoprec.kernels.{info.name}")
+    for info in pkgutil.walk_packages(kernels.__path__, prefix="autoprec.kernels."):
+        module = importlib.import_module(info.name)
         for value in vars(module).values():
             fn = value
             while not isinstance(fn, JIT) and hasattr(fn, "fn"):
@@ -53,9 +53,9 @@ def test_no_triton_jit_function_reaches_itself():
     assert len(functions) > 50 and any(name.endswith(".join_slices") for name in functions)
     by_object = {id(fn): name for name, fn in functions.items()}
     graph = {name: callees(fn, by_object) for name, fn in functions.items()}
-    assert "autoprec.kernels.slices_triton.join_slices" in graph["autoprec.kernels.quantize_triton._load_tile"]
-    assert "autoprec.kernels.quantize_cols_triton.nvfp4_store_slices" in graph[  # through the module's name
-        "autoprec.kernels.quantize_k_groups_triton._nvfp4_k_groups_cols_kernel"]
+    assert "autoprec.kernels.triton.slices.join_slices" in graph["autoprec.kernels.triton.quantize_rows._load_tile"]
+    assert "autoprec.kernels.triton.quantize_cols.nvfp4_store_slices" in graph[  # through the module's name
+        "autoprec.kernels.triton.quantize_k_groups._nvfp4_k_groups_cols_kernel"]
 
     def reaches(start: str) -> bool:
         seen, todo = set(), list(graph[start])

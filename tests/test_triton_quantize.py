@@ -16,16 +16,18 @@ from helpers import (
 triton = pytest.importorskip("triton")
 
 from autoprec.formats import get_format
-from autoprec.kernels import autotune, quantize_ref, rht_ref, rht_signs
-from autoprec.kernels import quantize_cols_triton as qc
-from autoprec.kernels import quantize_triton as qt
-from autoprec.kernels.dispatch import dual_problem
-from autoprec.kernels.numerics_triton import round_and_encode, sr_hash_bits
-from autoprec.kernels.quantize_dual_triton import quantize_dual_triton
-from autoprec.kernels.quantize_triton import _index_strides, quantize_triton
-from autoprec.kernels.quantized import QuantCopy as Side
-from autoprec.kernels.random_bits import M32, StepStream, mix32, sr_bits, sr_stream, stream_keys
-from autoprec.kernels.rounding_ref import e2m1_encode, round_to_element
+from autoprec.kernels import quantize_ref, rht_ref, rht_signs
+from autoprec.kernels.core.quantized import QuantCopy as Side
+from autoprec.kernels.core.random_bits import M32, StepStream, mix32, sr_bits, sr_stream, stream_keys
+from autoprec.kernels.dispatch.dense import dual_problem
+from autoprec.kernels.reference.rounding import e2m1_encode, round_to_element
+from autoprec.kernels.triton import autotune
+from autoprec.kernels.triton import quantize_cols as qc
+from autoprec.kernels.triton import quantize_rows as qt
+from autoprec.kernels.triton.numerics import round_and_encode, sr_hash_bits
+from autoprec.kernels.triton.quantize import quantize_triton
+from autoprec.kernels.triton.quantize_dual import quantize_dual_triton
+from autoprec.kernels.triton.quantize_rows import index_strides
 
 tl = triton.language
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -130,7 +132,7 @@ def test_3d_input_and_partial_tiles():
 def test_sr_bits_hashed_in_the_kernel(fmt, shape, axis):
     """Given the stream instead of the bits, the kernel hashes each element's index itself (the 3D
     middle-axis case materialises them): the same codes as the reference with sr_bits."""
-    assert (_index_strides(torch.Size(shape), axis) is None) == (shape == (2, 64, 48))  # hashed, or not
+    assert (index_strides(torch.Size(shape), axis) is None) == (shape == (2, 64, 48))  # hashed, or not
     x = torch.stack([edge_tensor(*shape[-2:], seed=i) for i in range(shape[0])]) if len(shape) == 3 else None
     check(edge_tensor(*shape) if x is None else x, fmt, axis, True, False, hashed=True)
     if len(shape) == 2:

@@ -6,18 +6,18 @@ pytest.importorskip("triton")
 
 from autoprec.formats import get_format
 from autoprec.kernels import dequantize_ref, qmm_ref, quantize_ref
-from autoprec.kernels import scaled_mm_decoded as decoded_module
-from autoprec.kernels.operand import KIND_BF16, as_operand
-from autoprec.kernels.quantized import QuantizedTensor
-from autoprec.kernels.rounding_ref import e2m1_decode, e8m0_decode, unpack_nibbles
-from autoprec.kernels.scaled_mm_decoded import (
+from autoprec.kernels.core.operand import KIND_BF16, as_operand
+from autoprec.kernels.core.quantized import QuantizedTensor
+from autoprec.kernels.reference.rounding import e2m1_decode, e8m0_decode, unpack_nibbles
+from autoprec.kernels.triton import scaled_mm_decoded as decoded_module
+from autoprec.kernels.triton.scaled_mm import DOT_FP32, launch, scaled_mm_triton
+from autoprec.kernels.triton.scaled_mm_decoded import (
     decode_bf16,
     scaled_mm_decoded,
     scaled_mm_decoded_tma,
     scaled_mm_decoded_triton,
 )
-from autoprec.kernels.scaled_mm_tc_triton import scaled_mm_tc_triton
-from autoprec.kernels.scaled_mm_triton import DOT_FP32, launch, scaled_mm_triton
+from autoprec.kernels.triton.scaled_mm_tc import scaled_mm_tc_triton
 
 from helpers import RecordedKernel, bits_equal, to_device
 

@@ -1,4 +1,4 @@
-"""The bf16 experts' wgrad kernel (kernels/wgrad_bf16_triton.py) in the interpreter: both operands read where they
+"""The bf16 experts' wgrad kernel (kernels/triton/wgrad_bf16.py) in the interpreter: both operands read where they
 lie, whatever their strides, each group's product equal to its own fp32 product of the bf16 values, an empty group's
 zero, and offsets a model gets wrong never read a token outside the operands."""
 import pytest
@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from test_bad_offsets import BAD
 
-from autoprec.kernels.wgrad_bf16_triton import bf16_wgrad
+from autoprec.kernels.triton.wgrad_bf16 import bf16_wgrad
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on a CPU
 BF16, FP32 = torch.bfloat16, torch.float32

@@ -1,0 +1,75 @@
+"""Format-generic entry points over the reference quantizers: quantize, dequantize, fake-quantize."""
+from __future__ import annotations
+
+import torch
+
+from autoprec.formats import BF16, NVFP4, Format, get_format
+
+from ..core.quantized import QuantizedTensor, check_blocks
+from ..core.random_bits import sr_bits
+from .mxfp8 import check_mx_format, dequantize_mxfp8_ref, quantize_mxfp8_ref
+from .nvfp4 import dequantize_nvfp4_ref, quantize_nvfp4_ref
+
+ROUNDINGS = ("rne", "sr")
+
+
+def check_rounding(rounding: str) -> None:
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+
+
+def check_quantize_args(
+    x: torch.Tensor, fmt: str | Format, axis: int, rounding: str, tile2d: bool, scale_mode: str
+) -> Format:
+    """Validate a quantize call (format, rounding, options, block shape); returns the Format."""
+    fmt = get_format(fmt)
+    check_rounding(rounding)
+    if not fmt.quantized:
+        raise ValueError(f"format {fmt.name!r} has no quantized storage; use fake_quantize_ref")
+    if tile2d and fmt is not NVFP4:
+        raise ValueError(f"tile2d (16x16 scales) is an NVFP4 option, not for {fmt.name!r}")
+    if fmt is not NVFP4:
+        check_mx_format(fmt, scale_mode)
+    check_blocks(x, fmt, axis, 16 if tile2d else 1)
+    return fmt
+
+
+def quantize_ref(
+    x: torch.Tensor,
+    fmt: str | Format,
+    axis: int = -1,
+    *,
+    rounding: str = "rne",
+    seed: int = 0,
+    rand: torch.Tensor | None = None,
+    tile2d: bool = False,
+    scale_mode: str = "rceil",
+    amax: torch.Tensor | None = None,
+) -> QuantizedTensor:
+    """Quantize ``x`` into a block format, blocked along ``axis``.
+
+    ``rounding="sr"`` rounds elements stochastically with random bits from ``seed`` (or the given
+    ``rand``, int32 of x's shape). ``tile2d`` (NVFP4 only) uses 16x16 tiles; ``scale_mode`` (MXFP8
+    only) is ``rceil`` or ``floor``; ``amax`` (NVFP4 only) a given tensor amax (``quantize_nvfp4_ref``).
+    """
+    fmt = check_quantize_args(x, fmt, axis, rounding, tile2d, scale_mode)
+    if rounding == "sr" and rand is None:
+        rand = sr_bits(x.shape, seed, x.device)
+    elif rounding == "rne":
+        rand = None
+    if fmt is NVFP4:
+        return quantize_nvfp4_ref(x, axis, tile2d=tile2d, rand=rand, amax=amax)
+    return quantize_mxfp8_ref(x, axis, fmt=fmt, scale_mode=scale_mode, rand=rand)
+
+
+def dequantize_ref(q: QuantizedTensor) -> torch.Tensor:
+    """fp32 values of a quantized tensor, in its original layout."""
+    return dequantize_nvfp4_ref(q) if q.fmt is NVFP4 else dequantize_mxfp8_ref(q)
+
+
+def fake_quantize_ref(x: torch.Tensor, fmt: str | Format, axis: int = -1, **kwargs) -> torch.Tensor:
+    """fp32 ``dequantize(quantize(x))``; for BF16 the round trip through a bfloat16 cast."""
+    fmt = get_format(fmt)
+    if fmt is BF16:
+        return x.to(torch.bfloat16).to(torch.float32)
+    return dequantize_ref(quantize_ref(x, fmt, axis, **kwargs))
