@@ -1,9 +1,8 @@
 """autoprec: per-GEMM precision planning (NVFP4 / MXFP8 / BF16) for torch.compile."""
-from autoprec.api import load_state_dict, plan, refresh_weights, state_dict
+from autoprec.api import annotate, load_state_dict, plan, refresh_weights, state_dict
 from autoprec.backend import autoprec_backend
 from autoprec.formats import BF16, MXFP8, MXFP8_E5M2, NVFP4, Format, get_format
-from autoprec.overrides import annotate
-from autoprec.plan import Decision, Plan
+from autoprec.planner.plan import Decision, Plan
 from autoprec.roles import MatmulRole
 
 __version__ = "0.1.0"

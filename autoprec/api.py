@@ -2,13 +2,21 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
-from autoprec.model_plan import STATES, defer_state, enclosing_plans, planned_module_ids, planned_weight_ids, plans_of
 from autoprec.model_root import compiled_regions, holds, named_modules
-from autoprec.overrides import annotated_modules
-from autoprec.plan import Plan
+from autoprec.planner.model_planner import (
+    PLANNERS,
+    defer_state,
+    enclosing_planners,
+    planned_module_ids,
+    planned_weight_ids,
+    planners_of,
+)
+from autoprec.planner.overrides import add_annotation, annotated_modules
+from autoprec.planner.plan import Plan
 
 
 def _root(model: torch.nn.Module) -> torch.nn.Module:
@@ -19,7 +27,7 @@ def _model_plans(model: torch.nn.Module) -> tuple[torch.nn.Module, list, list[st
     """(the model, its live plans, a note): a module compiled block by block inside a bigger one (regional
     compilation) is planned with the model it is part of, and the note says so."""
     root = _root(model)
-    states = plans_of(root) or enclosing_plans(root)
+    states = planners_of(root) or enclosing_planners(root)
     if not states or states[-1].model is root:
         return root, states, []
     note = (f"this {type(root).__name__} is part of a {type(states[-1].model).__name__} compiled module by module "
@@ -27,12 +35,17 @@ def _model_plans(model: torch.nn.Module) -> tuple[torch.nn.Module, list, list[st
     return states[-1].model, states, [note]
 
 
-def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
+def plan(model: torch.nn.Module, stage: int | None = None, *, phase: int | None = None) -> Plan:
     """The precision plan of a model compiled with ``backend="autoprec"``: one row per GEMM (root-relative
     module path, role, ordinal) with the graphs it runs in. Needs at least one call of the compiled
     model; when dynamo ran all of it eagerly (a skipped frame), the plan has no rows and says which
-    modules ran eagerly and why. With a ``schedule``, the rows are those of schedule phase ``phase``
-    (default: the phase running now) and every phase has a line under the table."""
+    modules ran eagerly and why. With a ``schedule``, the rows are those of schedule stage ``stage``
+    (default: the stage running now) and every stage has a line under the table. ``phase`` is the older
+    name of ``stage``."""
+    if phase is not None:
+        if stage is not None and stage != phase:
+            raise ValueError(f"autoprec.plan: stage={stage} and phase={phase} name one thing; give one")
+        stage = phase
     root, states, part_of = _model_plans(model)
     reasons = dynamo_fallback_reasons()
     if not states and not reasons:
@@ -40,7 +53,7 @@ def plan(model: torch.nn.Module, phase: int | None = None) -> Plan:
             f"no autoprec plan for this {type(root).__name__}: compile it with backend='autoprec' and call it once"
         )
     state = states[-1] if states else None
-    result = state.to_plan(phase) if state is not None else Plan()
+    result = state.to_plan(stage) if state is not None else Plan()
     seen = state.param_names if state is not None else set()
     weights = state.weight_names if state is not None else set()
     result.not_compiled = [
@@ -140,7 +153,7 @@ def _annotation_notes(root: torch.nn.Module) -> list[str]:
     belong to no compiled model at all: both were ignored."""
     modules = {str(id(m)): name for name, m in named_modules(root)}
     planned, weights = planned_module_ids(), planned_weight_ids()
-    compiled_roots = [s.model for s in STATES if s.model is not None]
+    compiled_roots = [s.model for s in PLANNERS if s.model is not None]
     notes = []
     for module, spec in annotated_modules():
         what = f"annotate({type(module).__name__}, {', '.join(f'{r}={f}' for r, f in spec.items())})"
@@ -163,3 +176,20 @@ def refresh_weights() -> None:
     from autoprec.kernels import weight_cache
 
     weight_cache.refresh()
+
+
+def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | None = None,
+             dgrad: str | None = None, wgrad: str | None = None) -> None:
+    """Pin the format of every GEMM in ``module`` (and its children): ``fmt`` for all roles, or per
+    role with ``fprop=`` / ``dgrad=`` / ``wgrad=``.
+
+    An annotation applies to the GEMMs planned after it, so call it before the first compiled call:
+    GEMMs already planned keep their decision (a UserWarning says so) until the model is compiled
+    anew (``torch._dynamo.reset()``). ``autoprec.plan`` lists annotations that matched no GEMM.
+    """
+    key = add_annotation(module, fmt, {"fprop": fprop, "dgrad": dgrad, "wgrad": wgrad})
+    if key in planned_module_ids() or any(id(p) in planned_weight_ids() for p in module.parameters()):
+        warnings.warn(f"autoprec.annotate({type(module).__name__}): GEMMs of this module are already planned in a "
+                      f"compiled graph and keep their formats; the annotation applies to graphs compiled from now "
+                      f"on (call torch._dynamo.reset() to compile anew, or annotate before the first call)",
+                      UserWarning, stacklevel=2)

@@ -16,7 +16,10 @@ from collections.abc import Callable
 
 import torch
 import torch.fx as fx
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+from autoprec.cache_key import keyed_by_autoprec
 
 # compiled graphs by key, each with the output strides its compile reported (inductor's layout of a forward's
 # outputs), kept while some compiled model holds the compiled function
@@ -81,3 +84,29 @@ def _input_meta(x) -> tuple | str:
     if isinstance(x, torch.Tensor):
         return str(tuple(x.shape)), str(x.stride()), x.dtype, x.device, x.requires_grad
     return repr(x)
+
+
+def decompositions(inner: str) -> dict | None:
+    """The decompositions AOTAutograd traces with: inductor's table for inductor, none for aot_eager."""
+    if inner != "inductor":
+        return None
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def inner_compiler(inner: str, mode: str | None) -> Callable:
+    """The compiler of a rewritten graph (``inner`` option: aot_eager's boxed GraphModule, or inductor in
+    torch.compile's ``mode``), run once per distinct graph (``compile_once``)."""
+    if inner != "inductor":
+        return compile_once(lambda g, example_inputs: make_boxed_func(g), ("aot_eager",))
+    from torch._inductor import config, list_mode_options
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    patches = {} if mode is None else list_mode_options(mode)
+
+    def compile_in_mode(g: fx.GraphModule, example_inputs):
+        with config.patch(patches), keyed_by_autoprec():
+            return compile_fx_inner(g, example_inputs)
+
+    return compile_once(compile_in_mode, ("inductor", mode, config.get_hash()))

@@ -24,9 +24,9 @@ The step is one forward+backward of a ~350M-parameter GPT (24 layers, d=1024, ct
 plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor), each compiled as torchtitan does:
 every block and the head on its own (--compile blocks; the embeddings and the loss run eagerly in every row), so
 blocks planned alike share one compile and the warm-up grows far less with the layers (--compile whole: the model
-as one graph, as the H200 run of 2026-12-04 did at 8 layers); --graphs adds the bf16 and nvfp4
+as one graph, as the first GPU run did at 8 layers); --graphs adds the bf16 and nvfp4
 steps under mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py
-measures). The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (issue 12): quantize >=
+measures). The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (docs/gpu.md): quantize >=
 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
 Without a CUDA GPU it exits with a message, unless --dry-run: every section then runs once on the CPU at tiny
 shapes, its Triton kernels in the interpreter (AUTOPREC_KERNELS=triton: matmuls take the in-register GEMM, so the

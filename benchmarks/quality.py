@@ -33,9 +33,9 @@ from llama_model import TinyLlama
 from rich.progress import Progress
 
 import autoprec
-from autoprec.model_plan import plans_of
-from autoprec.passes.assign import damage
-from autoprec.passes.candidates import Candidate
+from autoprec.planner.assign import damage
+from autoprec.planner.candidates import Candidate
+from autoprec.planner.model_planner import planners_of
 from autoprec.roles import MatmulRole
 
 from corpus import Batches, split, stdlib_bytes
@@ -123,7 +123,7 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
     with torch.no_grad():
         val_loss = sum(compiled(*held_out.next()).item() for _ in range(args.val_batches)) / args.val_batches
     plan = autoprec.plan(compiled)
-    state = plans_of(model)[-1]
+    state = planners_of(model)[-1]
     stats = state.calibration.stats if state.calibration else {}
     damages = {"|".join(map(str, k)): {c.label: damage(st, MatmulRole(k[1])) for c, st in by_cand.items()}
                for k, by_cand in stats.items()}

@@ -11,7 +11,7 @@ import argparse
 import torch
 
 import autoprec
-from autoprec.options import RECIPES
+from autoprec.planner.options import RECIPES
 
 from gpt_model import TinyGPT, tokens
 

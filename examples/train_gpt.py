@@ -12,7 +12,7 @@ import time
 import torch
 
 import autoprec
-from autoprec.options import RECIPES
+from autoprec.planner.options import RECIPES
 
 from corpus import Batches, split, stdlib_bytes
 from gpt_model import TinyGPT

@@ -16,11 +16,11 @@ from autoprec.formats import get_format
 from autoprec.kernels.core.random_bits import offset_seed
 from autoprec.kernels.dispatch.grouped_mm import group_count
 from autoprec.kernels.dispatch.grouped_route import grouped_route
-from autoprec.options import CompileOptions
-from autoprec.passes.candidates import grouped_config, operand_config
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.runner import at_node
-from autoprec.plan import Decision
+from autoprec.planner.candidates import grouped_config, operand_config
+from autoprec.planner.options import CompileOptions
+from autoprec.planner.plan import Decision
 from autoprec.roles import MatmulRole
 
 aten = torch.ops.aten

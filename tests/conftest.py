@@ -42,12 +42,12 @@ functorch_config.error_on_custom_op_aliasing = True
 def fresh_dynamo():
     """A clean dynamo cache, plan registry and cache of inner compiles around a compiler test."""
     from autoprec.inner_compiles import _COMPILED
-    from autoprec.model_plan import STATES
+    from autoprec.planner.model_planner import PLANNERS
 
     _COMPILED.clear()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # graph-break reasons the plan reports
-    STATES.clear()
+    PLANNERS.clear()
     yield
     torch._dynamo.reset()
 
@@ -55,18 +55,16 @@ def fresh_dynamo():
 @pytest.fixture
 def inner_compiles(monkeypatch) -> list[str]:
     """The code of every graph the inner compiler compiled during the test."""
-    from autoprec import backend
+    from autoprec import inner_compiles
 
-    codes, make = [], backend._Variant._compiler
+    codes, once = [], inner_compiles.compile_once
 
-    def counting(self):
-        compiler = make(self)
-
+    def counting(compiler, settings):
         def compile_graph(g, example_inputs):
             codes.append(g.code)
             return compiler(g, example_inputs)
 
-        return compile_graph
+        return once(compile_graph, settings)
 
-    monkeypatch.setattr(backend._Variant, "_compiler", counting)
+    monkeypatch.setattr(inner_compiles, "compile_once", counting)
     return codes

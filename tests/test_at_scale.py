@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.at_scale import MEASURED, SOURCES, TE_B300, AtScale, ReferenceShapes
-from autoprec.cost import HARDWARE, get_hardware
-from autoprec.model_plan import plans_of
-from autoprec.options import parse_options
+from autoprec.planner.at_scale import MEASURED, SOURCES, TE_B300, AtScale, ReferenceShapes
+from autoprec.planner.cost import HARDWARE, get_hardware
+from autoprec.planner.model_planner import planners_of
+from autoprec.planner.options import parse_options
 
 from gpt_model import TinyGPT, tokens
 
@@ -39,7 +39,7 @@ def test_every_cost_table_has_measured_rates_and_names_them():
 
 def test_traced_widths_map_onto_the_reference_model():
     c = planned({"recipe": "bf16"})
-    specs = list(plans_of(c._orig_mod)[-1].specs.values())
+    specs = list(planners_of(c._orig_mod)[-1].specs.values())
     proj = AtScale(specs, ReferenceShapes(), get_hardware("gb300"))
     assert (proj.d, proj.ffn, proj.tokens, proj.seq) == (64, 256, 128, 32)
     fc1 = next(s for s in specs if s.key == ("blocks.0.mlp.fc1", "fprop", 0))

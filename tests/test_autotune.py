@@ -17,7 +17,8 @@ def autotuned() -> dict[str, Autotuner]:
     found = {}
     for info in pkgutil.walk_packages(kernels.__path__, prefix="autoprec.kernels."):
         module = importlib.import_module(info.name)
-        found.update({f"{info.name.removeprefix('autoprec.kernels.')}.{n}": v for n, v in vars(module).items() if isinstance(v, Autotuner)})
+        short = info.name.removeprefix("autoprec.kernels.")
+        found.update({f"{short}.{n}": v for n, v in vars(module).items() if isinstance(v, Autotuner)})
     return found
 
 

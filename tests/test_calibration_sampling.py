@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.passes import sampling
-from autoprec.passes.sampling import Sample, sampled_rows
+from autoprec.planner import sampling
+from autoprec.planner.sampling import Sample, sampled_rows
 
 from gpt_model import TinyGPT, tokens
 

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import autoprec
-from autoprec.model_plan import STATES
+from autoprec.planner.model_planner import PLANNERS
 
 from gpt_model import MLP, TinyGPT, tokens
 from helpers import RecordedKernel, bits_equal, sqnr_db
@@ -16,17 +16,17 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 @pytest.fixture
 def rewritten(monkeypatch) -> list:
     """The graph modules the rewrite pass produced during the test."""
-    from autoprec import backend
+    from autoprec import pipeline
 
     graphs = []
-    orig = backend.rewrite_matmuls
+    orig = pipeline.rewrite_matmuls
 
     def spy(gm, *args):
         out = orig(gm, *args)
         graphs.append(gm)
         return out
 
-    monkeypatch.setattr(backend, "rewrite_matmuls", spy)
+    monkeypatch.setattr(pipeline, "rewrite_matmuls", spy)
     return graphs
 
 
@@ -102,7 +102,7 @@ def test_quantized_saved_activations_shrink():
     saved = {}
     for recipe in ("bf16", "mxfp8", "nvfp4"):
         torch._dynamo.reset()
-        STATES.clear()
+        PLANNERS.clear()
         m = torch.compile(TinyGPT(), backend="autoprec", options={"recipe": recipe})
         m(*tokens()).backward()
         saved[recipe] = sum(autoprec.plan(m).saved_bytes.values())
@@ -150,13 +150,13 @@ def test_only_nvfp4_tensor_scales_reach_the_matmuls(rewritten, recipe):
 def test_partitioner_runs_each_quantization_once(monkeypatch, recipe):
     """The forward and backward graphs AOTAutograd's partitioner cuts from a GPT's joint graph hold its autoprec ops
     once each: none is run in both (a recomputation) or left out."""
-    from autoprec import backend
+    from autoprec import inner_compiles, pipeline
 
     joint, parts = [], []
-    pair = backend.pair_quantizations
-    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: joint.append(gm) or pair(gm))
-    once = backend.compile_once
-    monkeypatch.setattr(backend, "compile_once",
+    pair = pipeline.pair_quantizations
+    monkeypatch.setattr(pipeline, "pair_quantizations", lambda gm: joint.append(gm) or pair(gm))
+    once = inner_compiles.compile_once
+    monkeypatch.setattr(inner_compiles, "compile_once",
                         lambda compiler, settings: once(lambda g, ex: parts.append(g) or compiler(g, ex), settings))
     torch.manual_seed(0)
     c = torch.compile(TinyGPT(vocab=64, d=64, layers=1, heads=2, ctx=32), backend="autoprec",

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.cost import device_note
 from autoprec.kernels import quantize_ref
 from autoprec.kernels.core.operand import as_operand
 from autoprec.kernels.core.random_bits import sr_stream
@@ -15,6 +14,7 @@ from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 from autoprec.kernels.dispatch.grouped_route import grouped_route
 from autoprec.kernels.triton import gemm_choice
 from autoprec.kernels.triton.scaled_mm_decoded import scaled_mm_decoded, scaled_mm_decoded_triton
+from autoprec.planner.cost import device_note
 
 from gpt_model import TinyGPT, tokens
 from helpers import amax_edge_case, stored_amax_bits, to_device, with_amax_bits

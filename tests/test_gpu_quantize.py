@@ -62,7 +62,7 @@ TILE_CASES = [("nvfp4", c) for c in qt.CONFIGS] + [("mxfp8", c) for c in qt.MXFP
                          ids=case_ids(TILE_CASES))
 def test_gpu_every_autotuned_tile_equals_reference(monkeypatch, fmt, config):
     """Each tile the kernel is tuned over, forced in turn (the autotuner picks by speed, and one MXFP8 tile, now
-    left out of its list, was wrong on an H200 where the others were exact, for strided reads): rows, hashed SR
+    left out of its list, was wrong on a GPU where the others were exact, for strided reads): rows, hashed SR
     with RHT, NVFP4's 16x16 tiles (rows and columns, the strided reads these kernels still make), on bf16 edge
     data."""
     force_tile(monkeypatch, (qt._nvfp4_kernel if fmt == "nvfp4" else qt._mxfp8_kernel,), config)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from autoprec import backend
+from autoprec import pipeline
 from autoprec.kernels.core.quantized import QuantCopy
 from autoprec.kernels.dispatch import dense as dispatch
 from autoprec.kernels.ops import quantize, quantize_dual
@@ -105,8 +105,8 @@ def test_compiled_steps_take_graph_amaxes_bit_for_bit(monkeypatch, recipe):
     quantization takes one."""
     monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
     graphs = []
-    amaxes = backend.graph_amaxes
-    monkeypatch.setattr(backend, "graph_amaxes", lambda gm: graphs.append(gm) or amaxes(gm))
+    amaxes = pipeline.graph_amaxes
+    monkeypatch.setattr(pipeline, "graph_amaxes", lambda gm: graphs.append(gm) or amaxes(gm))
     loss, grads = _compiled_step(recipe, "inductor")
     quantizations = [n for g in graphs for n in g.graph.nodes if n.target in (QUANTIZE, QUANTIZE_DUAL)]
     args = {n: op_args(n) for n in quantizations}
@@ -114,11 +114,11 @@ def test_compiled_steps_take_graph_amaxes_bit_for_bit(monkeypatch, recipe):
     assert quantizations and all(("amax" in args[n]) != rht[n] for n in quantizations)
     assert any(rht.values()) == (recipe == "nvfp4_nvidia")
     torch._dynamo.reset()
-    monkeypatch.setattr(backend, "graph_amaxes", lambda gm: 0)
+    monkeypatch.setattr(pipeline, "graph_amaxes", lambda gm: 0)
     want_loss, want_grads = _compiled_step(recipe, "inductor")
     assert bits_equal(loss, want_loss) and all(bits_equal(g, w) for g, w in zip(grads, want_grads))
     torch._dynamo.reset()
     graphs.clear()
-    monkeypatch.setattr(backend, "graph_amaxes", lambda gm: graphs.append(gm))
+    monkeypatch.setattr(pipeline, "graph_amaxes", lambda gm: graphs.append(gm))
     _compiled_step(recipe, "aot_eager", backward=False)
     assert not graphs

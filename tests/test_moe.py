@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import autoprec
-from autoprec.cost import get_hardware
 from autoprec.kernels.dispatch.grouped_mm import grouped_mm
-from autoprec.model_plan import plans_of
+from autoprec.planner.cost import get_hardware
+from autoprec.planner.model_planner import planners_of
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 RECIPES = ["bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "auto"]
@@ -94,7 +94,7 @@ def test_expert_gemms_are_costed_per_expert_at_their_token_counts():
     model = MoEBlock().bfloat16()
     c = torch.compile(model, backend="autoprec", options={"recipe": "auto"})
     train(c, model, steps=2)
-    state = plans_of(model)[-1]
+    state = planners_of(model)[-1]
     spec = next(s for k, s in state.specs.items() if k == ("experts", "fprop", 0))
     big = replace(spec, dims=(1, 65536, 8192, 8192))
     hw = get_hardware("gb300")

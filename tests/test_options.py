@@ -1,8 +1,8 @@
 """Every backend option is type-checked, and its error names it."""
 import pytest
 
-from autoprec.options import parse_options
-from autoprec.plan import Plan
+from autoprec.planner.options import parse_options
+from autoprec.planner.plan import Plan
 
 
 @pytest.mark.parametrize("options, error, text", [

@@ -4,7 +4,7 @@ import pytest
 import torch
 import triton
 
-from autoprec import backend
+from autoprec import pipeline
 from autoprec.kernels import rht_ref, rht_signs
 from autoprec.kernels.core.quantized import QuantCopy
 from autoprec.kernels.core.random_bits import StepStream
@@ -89,15 +89,15 @@ def test_pair_amax_reads_both_tensor_amaxes_at_once(monkeypatch, where, rht_rows
 def run_mlp(recipe: str) -> tuple[list[torch.Tensor], list[str]]:
     """Loss and gradients of a compiled MLP step, and the autoprec ops of its joint graph."""
     graphs = []
-    orig = backend.pair_quantizations
-    backend.pair_quantizations = lambda gm: graphs.append(gm) or orig(gm)
+    orig = pipeline.pair_quantizations
+    pipeline.pair_quantizations = lambda gm: graphs.append(gm) or orig(gm)
     try:
         torch.manual_seed(0)
         m = MLP()
         loss = torch.compile(m, backend="autoprec", options={"recipe": recipe})(torch.randn(4, 16, 32))
         loss.pow(2).mean().backward()
     finally:
-        backend.pair_quantizations = orig
+        pipeline.pair_quantizations = orig
     torch._dynamo.reset()
     names = [str(n.target) for g in graphs for n in g.graph.nodes if str(n.target).startswith("autoprec.")]
     return [loss.detach(), *(p.grad for p in m.parameters())], names
@@ -109,7 +109,7 @@ def test_paired_models_compute_the_same_bits(monkeypatch, recipe, pairs):
     16x16 weights are shared by transposing tiles instead); the step's bits equal the unpaired graph's."""
     paired, names = run_mlp(recipe)
     assert names.count("autoprec.quantize_dual.default") == pairs
-    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: 0)
+    monkeypatch.setattr(pipeline, "pair_quantizations", lambda gm: 0)
     unpaired, names = run_mlp(recipe)
     assert "autoprec.quantize_dual.default" not in names
     assert all(bits_equal(p, u) for p, u in zip(paired, unpaired))

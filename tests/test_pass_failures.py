@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import autoprec
-import autoprec.backend
+import autoprec.pipeline
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -40,7 +40,7 @@ def test_failing_pass_leaves_the_graph_as_traced(monkeypatch):
     def broken(infos):
         raise AssertionError("invariant broken")
 
-    monkeypatch.setattr(autoprec.backend, "group_sites", broken)
+    monkeypatch.setattr(autoprec.pipeline, "group_sites", broken)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
     x = torch.randn(8, 32)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.plan import Plan
+from autoprec.planner.plan import Plan
 
 from gpt_model import TinyGPT, tokens
 

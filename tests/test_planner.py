@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.cost import HARDWARE, device_note, gemm_seconds
-from autoprec.model_plan import STATES, plans_of
-from autoprec.options import parse_options
-from autoprec.passes import candidates as C
-from autoprec.passes.assign import damage
-from autoprec.passes.calibrate import Stat
-from autoprec.plan import COLUMNS, Plan
+from autoprec.planner import candidates as C
+from autoprec.planner.assign import damage
+from autoprec.planner.calibration import Stat
+from autoprec.planner.cost import HARDWARE, device_note, gemm_seconds
+from autoprec.planner.model_planner import PLANNERS, planners_of
+from autoprec.planner.options import parse_options
+from autoprec.planner.plan import COLUMNS, SHORT_COLUMNS, Decision, Plan
 from autoprec.roles import MatmulRole
 
 from gpt_model import TinyGPT, tokens
@@ -62,7 +62,7 @@ def test_calibration_measures_what_the_solver_may_pick():
         torch._dynamo.reset()
         m = model()
         c, _ = train_steps(m, 1, measure=measure)
-        stats = plans_of(m)[-1].calibration.stats
+        stats = planners_of(m)[-1].calibration.stats
         measured = {(MatmulRole(key[1]), cand) for key, by_cand in stats.items() for cand in by_cand}
         assert measured & biased == (biased if measure == "all" else set())
         assert all(cand in C.ELIGIBLE[role] for role, cand in measured - biased)
@@ -75,7 +75,7 @@ def test_bigger_budget_buys_more_fp4():
     shares, speedups = [], []
     for budget in (0.002, 0.01, 0.05):
         torch._dynamo.reset()
-        STATES.clear()
+        PLANNERS.clear()
         c, _ = train_steps(model(), budget=budget)
         plan = autoprec.plan(c)
         assert mean_damage(plan) <= budget
@@ -90,7 +90,7 @@ def test_gradient_weights_steer_the_budget():
     backward_fp4 = []
     for weights in ({}, {"noise": 0.0, "bias": 0.0}):
         torch._dynamo.reset()
-        STATES.clear()
+        PLANNERS.clear()
         c, _ = train_steps(model(), budget=0.002, grad_weights=weights)
         free = [d for d in autoprec.plan(c).decisions if d.reason.startswith("auto")]
         w = parse_options({"grad_weights": weights}).damage_weights()
@@ -178,7 +178,7 @@ def test_plan_json_round_trip_and_reload_skips_calibration(tmp_path):
     loaded = Plan.load(path)
     assert [d.to_json() for d in loaded.decisions] == [d.to_json() for d in plan.decisions]
     torch._dynamo.reset()
-    STATES.clear()
+    PLANNERS.clear()
     m2 = copy.deepcopy(m)
     c2 = torch.compile(m2, backend="autoprec", options={"plan": str(path)})
     first = c2(idx, tgt)  # already quantized: no high-precision calibration step
@@ -196,7 +196,7 @@ def test_edited_plan_file(tmp_path):
             d["fmt"], d["reason"] = "bf16", "edited by hand"
     path.write_text(json.dumps(data))
     torch._dynamo.reset()
-    STATES.clear()
+    PLANNERS.clear()
     c2, _ = train_steps(model(), steps=1, plan=str(path))
     rows = [d for d in autoprec.plan(c2).decisions if d.module == "blocks.0.mlp.fc2"]
     assert rows and all(d.fmt == "bf16" and d.reason == "plan file: edited by hand" for d in rows)
@@ -247,7 +247,7 @@ def test_rl_trainer_logits_equal_sampler_bit_for_bit():
 
 def test_rl_trainer_needs_match():
     with pytest.raises(ValueError, match="match .* goes with phase='rl_trainer'"):
-        autoprec.options.parse_options({"phase": "rl_trainer"})
+        autoprec.planner.options.parse_options({"phase": "rl_trainer"})
 
 
 def test_nvfp4_nvidia_preset():
@@ -267,12 +267,29 @@ def test_nvfp4_nvidia_preset():
 
 
 def test_table_columns_and_summary():
+    """The default view fits a 120-column terminal with short reasons; ``details()`` has every column and reason."""
     c, _ = train_steps(model(), recipe="nvfp4", steps=1)
-    text = str(autoprec.plan(c))
-    header = text.splitlines()[0].split()
-    assert header == list(COLUMNS)
+    plan = autoprec.plan(c)
+    text, details = str(plan), plan.details()
+    assert text.splitlines()[0].split() == list(SHORT_COLUMNS) and details.splitlines()[0].split() == list(COLUMNS)
+    assert max(len(line) for line in text.splitlines()) <= 120
     assert "projected GEMM speedup vs BF16 on gb300" in text and "FLOPs: nvfp4 100%" in text
-    assert "pass times: normalize_grouped" in text and "find_matmuls" in text and "rewrite_matmuls" in text
+    assert "pass times: normalize_grouped" in details and "find_matmuls" in details and "rewrite_matmuls" in details
+    assert all(d.reason in details for d in plan.decisions)
+    assert "plan.details()" in text
+
+
+def test_default_table_keeps_long_module_names_and_reasons_within_120_columns():
+    """A long module path gives way from its start and a long reason is cut, both marked with an ellipsis."""
+    long = "model.language_model.layers.11.mixture_of_experts.shared_expert.gate_up_projection"
+    d = Decision(site=0, module=long, role=MatmulRole.FPROP, shape=("4096", "8192", "4096"), batch=None,
+                 fmt="nvfp4", index=1, rounding="rne", rht=False, tile2d=True,
+                 reason="auto (fastest within budget 1.0e-02/GEMM): damage 1.0e-02 " + "x" * 200 + "; others bf16 0")
+    lines = str(Plan(decisions=[d])).splitlines()
+    assert max(map(len, lines)) <= 120
+    assert "fprop#1" in lines[1] and "nvfp4 16x16" in lines[1] and "…" in lines[1]
+    assert lines[1].startswith("…") and "expert.gate_up_projection  fprop#1" in lines[1]
+    assert "auto: damage 1.0e-02 xxx" in lines[1] and "(fastest" not in lines[1]
 
 
 def test_cost_model():

@@ -11,7 +11,7 @@ from autoprec.kernels.core.random_bits import (
     sr_stream,
     stream_keys,
 )
-from autoprec.passes.gemms import key_seeds, path_key
+from autoprec.planner.gemm_spec import key_seeds, path_key
 
 from helpers import bits_equal
 

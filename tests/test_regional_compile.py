@@ -5,7 +5,7 @@ import torch
 
 import autoprec
 from autoprec.inner_compiles import _COMPILED
-from autoprec.model_plan import plans_of
+from autoprec.planner.model_planner import planners_of
 
 from gpt_model import TinyGPT, tokens
 from helpers import bits_equal
@@ -33,7 +33,7 @@ def test_compiled_blocks_share_one_plan_named_from_the_model(how):
     compile_blocks(m.blocks, how, {"recipe": "nvfp4", "overrides": {"blocks.0.*": "bf16"}})
     m(*tokens(batch=2, ctx=16, vocab=64)).backward()
     plan = autoprec.plan(m)
-    assert len(plans_of(m)) == 1
+    assert len(planners_of(m)) == 1
     keys = [d.key for d in plan.decisions]
     assert len(keys) == len(set(keys))
     assert {d.module for d in plan.decisions if d.module.endswith(".attn.qkv")} == {f"blocks.{i}.attn.qkv"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.options import parse_options
-from autoprec.plan import Decision, Plan
+from autoprec.planner.options import parse_options
+from autoprec.planner.plan import Decision, Plan
 
 from gpt_model import TinyGPT, tokens
 

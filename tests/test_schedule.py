@@ -1,13 +1,13 @@
-"""Precision schedules: the plan switches phases at training steps (backward passes), each phase's
-numerics are a fresh compile's with that phase's plan, the SR counter runs on across the switch, and a
-resumed run continues in its phase."""
+"""Precision schedules: the plan switches stages at training steps (backward passes), each stage's
+numerics are a fresh compile's with that stage's plan, the SR counter runs on across the switch, and a
+resumed run continues in its stage."""
 import copy
 
 import pytest
 import torch
 
 import autoprec
-from autoprec.options import parse_options
+from autoprec.planner.options import parse_options
 
 from gpt_model import TinyGPT, tokens
 
@@ -31,21 +31,22 @@ def step(c, model, i: int) -> float:
     return loss.item()
 
 
-def test_phase_switch_matches_a_fresh_compile_of_the_later_plan(tmp_path):
+def test_stage_switch_matches_a_fresh_compile_of_the_later_plan(tmp_path):
     model = gpt()
     c = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4_nvidia", "schedule": TAIL})
     for i in range(2):
         step(c, model, i)
     assert "running now" in autoprec.plan(c).schedule[0] and autoprec.plan(c).schedule[1].endswith("x")
-    step(c, model, 2)  # the third backward pass: phase 1 runs from the next step
+    step(c, model, 2)  # the third backward pass: stage 1 runs from the next step
     assert "running now" in autoprec.plan(c).schedule[1]
     snapshot, counter = copy.deepcopy(model.state_dict()), autoprec.state_dict(c)
     after = [step(c, model, i) for i in (3, 4)]
     plan = autoprec.plan(c)
     fprop = [d for d in plan.decisions if str(d.role) == "fprop"]
     assert all(d.fmt == "bf16" for d in fprop) and "schedule from step 3: override: '*' fprop" in fprop[0].reason
-    assert {d.fmt for d in autoprec.plan(c, phase=0).decisions if str(d.role) == "fprop"} == {"nvfp4", "bf16"}
-    assert "schedule phase 1 from step 3" in str(plan) and counter["train_steps"] == 3
+    assert {d.fmt for d in autoprec.plan(c, stage=0).decisions if str(d.role) == "fprop"} == {"nvfp4", "bf16"}
+    assert autoprec.plan(c, phase=0).decisions == autoprec.plan(c, stage=0).decisions  # the older keyword
+    assert "schedule stage 1 from step 3" in str(plan) and counter["train_steps"] == 3
     plan.save(tmp_path / "phase1.json")
 
     fresh = gpt()
@@ -57,7 +58,7 @@ def test_phase_switch_matches_a_fresh_compile_of_the_later_plan(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
 
 
-def test_resumed_run_continues_in_its_phase():
+def test_resumed_run_continues_in_its_stage():
     model = gpt()
     c = torch.compile(model, backend="autoprec", options={"recipe": "nvfp4", "schedule": TAIL})
     autoprec.load_state_dict(model, {"calls": 7, "train_steps": 5, "plan": None})
@@ -71,7 +72,7 @@ def test_resumed_run_counts_on_from_its_step():
     autoprec.load_state_dict(model, {"calls": 2, "train_steps": 1, "plan": None})
     step(c, model, 0)
     assert "running now" in autoprec.plan(c).schedule[0]
-    step(c, model, 1)  # the third step: phase 1 from the next one
+    step(c, model, 1)  # the third step: stage 1 from the next one
     assert "running now" in autoprec.plan(c).schedule[1] and autoprec.state_dict(c)["train_steps"] == 3
 
 

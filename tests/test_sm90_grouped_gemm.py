@@ -160,12 +160,12 @@ def test_sm90_rewrite_emits_the_grouped_op_cuda_graphs_can_capture(monkeypatch, 
     for bf16 on sm_75, which has no bf16 tensor cores (the groups loop on the host)."""
     from test_moe import MoEBlock
 
-    from autoprec import backend
+    from autoprec import pipeline
     from autoprec.passes import rewrite
 
     graphs = []
-    orig = backend.pair_quantizations
-    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
+    orig = pipeline.pair_quantizations
+    monkeypatch.setattr(pipeline, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
     def route_on_gpu(*args):  # the rewrite routes as on the stand-in GPU; the step itself runs on this CPU
         with monkeypatch.context() as gpu:
             stand_in_gpu(gpu, capability)
@@ -206,11 +206,11 @@ def test_sm90_compiled_batch_of_experts_runs_each_product_as_one_grouped_gemm(mo
     compiled under the nvfp4 recipe for a stood-in H100: every quantized 3d x 3d product of a step (fprop, dgrad and
     wgrad of both projections) is one grouped GEMM on the decoded path, with the gradients of the CPU's per-item
     kernels; the rewrite emits them as the op CUDA graphs may capture (the CPU's compile, as the tagged op)."""
-    from autoprec import backend
+    from autoprec import pipeline
 
     graphs = []
-    orig = backend.pair_quantizations
-    monkeypatch.setattr(backend, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
+    orig = pipeline.pair_quantizations
+    monkeypatch.setattr(pipeline, "pair_quantizations", lambda gm: graphs.append(gm) or orig(gm))
 
     class BatchOfExperts(torch.nn.Module):
         def __init__(self) -> None:

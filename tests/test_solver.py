@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from autoprec.solver import grid_cost, solve_mckp
+from autoprec.planner.solver import grid_cost, solve_mckp
 
 
 def brute_force(items, limit, resolution):

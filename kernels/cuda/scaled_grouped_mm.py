@@ -4,7 +4,7 @@ quantizers' buffers as they come, with the scales laid out on the device: nothin
 
 Operands are laid out as torch's contract for the grouped kernels asks (pytorch's ``GroupedBlas.cpp``, its
 block-scale checks and the MSLK grouped kernels it calls, and torchao's MoE scale layouts, which size them for any
-group sizes as here, as read on 2026-12-05). A is row-major, B column-major; codes are FP8 E4M3 or packed
+group sizes as here). A is row-major, B column-major; codes are FP8 E4M3 or packed
 ``float4_e2m1fn_x2``; block scales are in ``SWIZZLE_32_4_4`` (``swizzle.swizzle_scales``), group after group:
 
 - 2d x 3d: A is the (T, K) token rows (``quantize_row_groups``); its scales put each group's rows from a multiple

@@ -137,9 +137,8 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     not take) they are two quantizations. ``amax``: ``quantize``'s, for both copies."""
     fmt = get_format(fmt)
     problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
-    # A GPU runs the two single quantizers until the one-read kernel is checked there: on an H200 its gradient
-    # pair failed a test that compared the copies' fields too, which the kernel then set otherwise than two
-    # quantizations do (since mended); tests/test_gpu_quantize.py checks its bytes and fields pair by pair.
+    # A GPU runs the two single quantizers until the one-read kernel has passed tests/test_gpu_quantize.py on a GPU
+    # (its bytes and fields pair by pair): the interpreter does not exercise a GPU's scheduling of its two stores.
     if use_triton(x.device, problem) and x.device.type != "cuda":
         from ..triton.quantize_dual import quantize_dual_triton
 
@@ -330,9 +329,8 @@ def gemm_path(capability: tuple[int, int] | None, a: Operand, b: Operand) -> tup
     Triton's bf16 GEMM; values bf16 does not hold are found on the device and that product recomputed in fp32). Neither
     reads the operands' values on the host, which would wait for the GPU. With ``AUTOPREC_KERNELS=triton`` or in
     the interpreter, ``tensor_core`` (Triton, tiles decoded to bf16 in registers), or ``fp32`` (Triton, tiles in
-    fp32) where MXFP8 scales leave bf16's exact range (checked on the host). On an H200 the decoded path ran at
-    0.62-0.94x torch's bf16 matmul and the in-register one at 0.03-0.11x (benchmarks/kernels_gpu.py; README's
-    GPU section)."""
+    fp32) where MXFP8 scales leave bf16's exact range (checked on the host). The decoded path comes first on sm_90
+    because it measured faster than the in-register one (``benchmarks/results/gpu_log.md``)."""
     why = None
     if capability is not None and capability >= NATIVE_CAPABILITY:
         why = ("AUTOPREC_KERNELS=triton" if kernel_mode() == "triton"

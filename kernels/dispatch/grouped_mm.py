@@ -1,39 +1,15 @@
 """Grouped GEMMs (mixture-of-experts experts): ``aten._grouped_mm``'s semantics, exact or quantized.
 
-Layouts (``offs`` holds the cumulative end of each group along the token dim):
+Layouts (``offs`` holds the cumulative end of each group along the token dim): ``2d3d`` a (T, K) tokens sorted by
+expert times b (E, K, N) expert weights -> (T, N), for fprop and dgrad; ``2d2d`` a (M, T) times b (T, N), groups
+along the reduction -> (E, M, N), the wgrad; ``3d3d`` a (E, M, K) times b (E, K, N) -> (E, M, N), a batch.
 
-- ``2d3d``: a (T, K) tokens sorted by expert, b (E, K, N) expert weights -> (T, N); fprop and dgrad.
-- ``2d2d``: a (M, T), b (T, N), groups along T, the reduction -> (E, M, N); wgrad, each expert's weight
-  gradient reduced over its own tokens.
-- ``3d3d``: a (E, M, K), b (E, K, N), no offsets -> (E, M, N); a batched product.
-
-A quantized grouped GEMM is, by definition, the dense quantized GEMM of each group: every group's
-operands are quantized on their own (so NVFP4 takes one tensor scale per expert and per token group,
-as Transformer Engine's grouped quantizer does), blocked along the reduction dim, and SR draws the
-stream ``group_seed(seed, g)``. A reduction that is not a whole number of blocks (a wgrad token group
-of 5 tokens) is zero-padded to the next block inside the quantizer: zeros change neither a block's
-amax nor the product. Rows past the last offset are zero.
-
-An unquantized product (``exact`` on bf16 operands, or ``bf16``) with a bf16 output runs torch's own grouped GEMM
-where that reads the offsets on the device (``grouped_torch``: sm_90 and sm_100, aligned operands), else (other
-GPUs with bf16 tensor cores, an fp32 output) Triton's one-launch bf16 kernels (``grouped_bf16_triton``), else one
-``torch.mm`` (``exact``, in the wider of the operands' and the output's dtype) or bf16 ``dispatch.scaled_mm`` per
-group, or per batch item for 3d x 3d.
-
-A 2d x 3d product runs through ``grouped_dispatch`` (so does a 3d x 3d one, its batch items' rows taken as equal
-token groups, each item quantized where it lies, however it is stored; a reduction that is not whole blocks is
-zero-padded by the quantizers, as each group alone pads it): its token groups and expert weights are quantized
-together (one Triton quantization of every group on a GPU, the offsets read on the device), then multiplied by one
-native grouped GEMM on sm_100 (``scaled_grouped_mm_native``: the scales laid out on the device), else by one Triton
-launch for every group that reads the offsets on the device (``grouped_mm_triton``). A 2d x 2d product (wgrad) is
-one K-grouped quantization per operand on a GPU (``quantize_k_groups_triton``: each group zero-padded on the device
-to a multiple of 128 tokens), then one native grouped GEMM (sm_100) or one Triton launch. So on a GPU, in auto
-mode, these read nothing on the host. Other products (a 2d x 2d product with 16x16 tiles, the CPU) quantize group
-by group with the bounds read on the host, and run one ``dispatch.scaled_mm`` per group. Which of these runs is one
-decision, ``grouped_route``'s, which also says whether it reads the host.
-
-Offsets out of order or out of range raise on the host paths (``group_bounds``). The device paths never read them
-on the host: for such offsets their values are undefined, but no kernel reads or writes outside its tensors.
+A quantized grouped GEMM is, by definition, the dense quantized GEMM of each group: every group's operands are
+quantized on their own (NVFP4: a tensor scale per expert and per token group), blocked along the reduction dim, SR
+from the stream ``group_seed(seed, g)``; a reduction that is not whole blocks is zero-padded inside the quantizer.
+Rows past the last offset are zero. Which implementation runs is ``grouped_route``'s one decision; docs/moe.md
+says what each route does and where it reads the host. Offsets out of order or out of range raise on the host paths
+(``group_bounds``); the device paths never read them on the host and never read or write outside their tensors.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from .block_scales import tensor_scales
 from .numerics import group_stream_keys
 from .quantize_rows import (
     AMAX_TILE,
-    H200_CHECKED,
+    GPU_CHECKED,
     INTERPRETER_TILE,
     KEY_ARGS,
     MXFP8_GPU_CONFIGS,
@@ -46,11 +46,11 @@ from .quantize_rows import (
 )
 from .slices import load_slices
 
-# The tiles of 8 elements per thread that an H200 has checked (MXFP8: less the one it found wrong). At the
+# The tiles of 8 elements per thread that a GPU has checked (MXFP8: less the one it found wrong). At the
 # 32-element tiles the per-row group lookup and SR keys push the kernels to 255 registers and spill
 # (tests/ptx_report.py).
-NVFP4_CONFIGS = H200_CHECKED
-MXFP8_CONFIGS = [c for c in MXFP8_GPU_CONFIGS if c in H200_CHECKED]
+NVFP4_CONFIGS = GPU_CHECKED
+MXFP8_CONFIGS = [c for c in MXFP8_GPU_CONFIGS if c in GPU_CHECKED]
 
 
 @triton.jit

@@ -50,28 +50,26 @@ AMAX_PROGRAMS = 1024  # ... and it runs at most this many programs, each looping
 # axis's stride, so a square tensor's rows and columns are tuned apart.
 CONFIGS = [triton.Config({"BR": br, "BK": bk}, num_warps=w) for br, bk, w in (
     (BLOCK_R, BLOCK_K, 4), (32, 64, 8), (16, 128, 8), (64, 64, 4), (32, 128, 4), (128, 64, 8))]
-H200_CHECKED = CONFIGS[:3]  # the tiles an H200 ran against the reference (stop 21; MXFP8 drops the first)
-# The interpreter's tile, for the quantize kernels and the amax passes (no GPU's registers bound it; the
-# interpreter's cost is per program and per op): a 300 x 256 SR quantization took 1.4 s for NVFP4 with the RHT and
-# 0.25 s for MXFP8, 11.8 s and 2.95 s at 16 x 64 (the amax pass at 64 x 64). Tests force each GPU tile against the
-# reference (``test_every_autotuned_tile_matches_reference`` and its kin).
+GPU_CHECKED = CONFIGS[:3]  # the tiles a GPU has run against the reference (MXFP8 drops the first, below)
+# The interpreter's tile, for the quantize kernels and the amax passes: no GPU's registers bound it, and the
+# interpreter's cost is per program and per op, so large tiles run the tests several times faster. Tests force each
+# GPU tile against the reference (``test_every_autotuned_tile_matches_reference`` and its kin).
 INTERPRETER_TILE = triton.Config({"BR": 128, "BK": 128}, num_warps=8)
 
 
 def _strided_reads_keep_checked_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """The autotuner's pruning: blocks read down a strided dim (``s_k`` is not 1: a column copy in 16x16 tiles,
-    the one these kernels still take) tune only over tiles a GPU has checked. The wrong tile an H200 showed
+    the one these kernels still take) tune only over tiles a GPU has checked. The wrong tile a GPU showed
     (below) was wrong for strided reads alone, and the one-read kernel's wrong copy was a strided one too; rows
     tune over every tile. The interpreter's own tile (exact there, never launched on a GPU) stays."""
     return configs if named_args["s_k"] == 1 or configs == [INTERPRETER_TILE] else [c for c in configs
-                                                                                   if c in H200_CHECKED]
+                                                                                   if c in GPU_CHECKED]
 
 
-# On an H200 (Triton 3.6) the MXFP8 kernel at the first tile wrote wrong scales for blocks read down a strided
-# dim (blocks along dim 0, or a transposed view; 64% of the scales of a 768x1536 tensor) while the other two
-# tiles were exact on the same inputs; the interpreter is exact at every tile. The cause is not known, so on a
-# GPU the MXFP8 kernel is tuned over the tiles that were exact there (it reads rows alone now: column copies go
-# to the slice kernels).
+# On a GPU (Triton 3.6) the MXFP8 kernel at the first tile wrote wrong scales for blocks read down a strided
+# dim (blocks along dim 0, or a transposed view) while the other two tiles were exact on the same inputs; the
+# interpreter is exact at every tile. The cause is not known, so on a GPU the MXFP8 kernel is tuned over the tiles
+# that were exact there (it reads rows alone now: column copies go to the slice kernels).
 MXFP8_GPU_CONFIGS = CONFIGS[1:]
 # The SR stream's keys travel as scalar kernel arguments, not as a tensor: a tensor made from host ints is a
 # host-to-device copy, which waits for the GPU. Not specialized: every quantization has new keys.

@@ -11,17 +11,18 @@ import math
 import re
 from dataclasses import replace
 
-from autoprec.at_scale import AtScale, ReferenceShapes
-from autoprec.cost import get_hardware
 from autoprec.formats import closest
-from autoprec.options import GRAD_WEIGHTS, CompileOptions
-from autoprec.overrides import GemmOwner, annotation_for, check_rules_match, parse_rules, rule_for
-from autoprec.passes import candidates as C
-from autoprec.passes.calibrate import Calibration, Stat
-from autoprec.passes.gemms import GemmKey, GemmSpec, key_seeds
-from autoprec.plan import Decision, Plan
 from autoprec.roles import MatmulRole
-from autoprec.solver import solve_mckp
+
+from . import candidates as C
+from .at_scale import AtScale, ReferenceShapes
+from .calibration import Calibration, Stat
+from .cost import get_hardware
+from .gemm_spec import GemmKey, GemmSpec, key_seeds
+from .options import GRAD_WEIGHTS, CompileOptions
+from .overrides import GemmOwner, annotation_for, check_rules_match, parse_rules, rule_for
+from .plan import Decision, Plan
+from .solver import solve_mckp
 
 SDPA_REASON = "fused scaled_dot_product_attention: left to its kernel, in the input dtype"
 RL_ACTIVATIONS_REASON = ("RL phase: a product of two activations (attention's) runs BF16, since blocks along its "
@@ -44,7 +45,8 @@ def damage(stat: Stat, role: MatmulRole, weights: tuple[float, float] = (GRAD_WE
 
 
 def default_candidate(fmt: str, role: MatmulRole) -> C.Candidate:
-    """The phase policy's configuration for a format named by an override or a plan match."""
+    """The configuration a format named by an override or a plan match runs in: NVFP4 fprop round-to-nearest,
+    its gradients stochastically rounded (and the RHT on wgrad)."""
     if fmt == "nvfp4":
         return {MatmulRole.FPROP: C.NVFP4, MatmulRole.DGRAD: C.NVFP4_SR, MatmulRole.WGRAD: C.NVFP4_SR_RHT}[role]
     return C.Candidate(fmt)
@@ -67,8 +69,8 @@ class Assigner:
         self.at_scale = AtScale([], self.reference, self.hw)
         self.rules = parse_rules(opts.overrides)
         check_rules_match(self.rules, module_names)
-        self.phases = [(p["from_step"], parse_rules(p["overrides"])) for p in opts.schedule]
-        for _, rules in self.phases:
+        self.stages = [(p["from_step"], parse_rules(p["overrides"])) for p in opts.schedule]
+        for _, rules in self.stages:
             check_rules_match(rules, module_names)
         self.plan_file = _by_key(opts.plan, "plan", module_names)
         self.match = _by_key(opts.match, "match", module_names)
@@ -122,10 +124,10 @@ class Assigner:
         return (self.needs_amax(g.role, choice[0].fmt) and g.layout != "3d3d" and g.key not in self.given_amax
                 and not (self.calibration and g.key in self.calibration.amaxes))
 
-    def scheduled(self, g: GemmSpec, phase: int) -> Choice | None:
-        """The choice the schedule's phases 1..``phase`` impose on ``g`` (a later phase wins), or None."""
+    def scheduled(self, g: GemmSpec, stage: int) -> Choice | None:
+        """The choice the schedule's stages 1..``stage`` impose on ``g`` (a later stage wins), or None."""
         hit = None
-        for step, rules in self.phases[:phase]:
+        for step, rules in self.stages[:stage]:
             rule = None if g.sdpa else rule_for(rules, g.module, g.role)
             if rule is not None:
                 hit = default_candidate(rule[0], g.role), f"schedule from step {step}: {rule[1]}"

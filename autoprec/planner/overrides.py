@@ -5,7 +5,6 @@ Both win over the solver and over presets; the plan names them as the reason.
 from __future__ import annotations
 
 import fnmatch
-import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -25,18 +24,10 @@ def _check_fmt(fmt: str, where: str) -> str:
         raise ValueError(f"{where}: {exc}") from exc
 
 
-def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | None = None,
-             dgrad: str | None = None, wgrad: str | None = None) -> None:
-    """Pin the format of every GEMM in ``module`` (and its children): ``fmt`` for all roles, or per
-    role with ``fprop=`` / ``dgrad=`` / ``wgrad=``.
-
-    An annotation applies to the GEMMs planned after it, so call it before the first compiled call:
-    GEMMs already planned keep their decision (a UserWarning says so) until the model is compiled
-    anew (``torch._dynamo.reset()``). ``autoprec.plan`` lists annotations that matched no GEMM.
-    """
+def add_annotation(module: torch.nn.Module, fmt: str | None, per_role: dict[str, str | None]) -> str:
+    """Checks and stores ``autoprec.annotate``'s formats for ``module`` (until it is freed); returns its key."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"annotate needs an nn.Module, got {type(module).__name__}")
-    per_role = {"fprop": fprop, "dgrad": dgrad, "wgrad": wgrad}
     if fmt is not None and any(v is not None for v in per_role.values()):
         raise ValueError("annotate: give one format for all roles, or per-role formats, not both")
     if fmt is None and all(v is None for v in per_role.values()):
@@ -46,13 +37,7 @@ def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | No
         r: _check_fmt(v, where) for r, v in per_role.items() if v is not None}
     key = str(id(module))
     _ANNOTATIONS[key] = (weakref.ref(module, lambda _: _ANNOTATIONS.pop(key, None)), chosen)
-    from autoprec.model_plan import planned_module_ids, planned_weight_ids  # it imports this module
-
-    if key in planned_module_ids() or any(id(p) in planned_weight_ids() for p in module.parameters()):
-        warnings.warn(f"autoprec.annotate({type(module).__name__}): GEMMs of this module are already planned in a "
-                      f"compiled graph and keep their formats; the annotation applies to graphs compiled from now "
-                      f"on (call torch._dynamo.reset() to compile anew, or annotate before the first call)",
-                      UserWarning, stacklevel=2)
+    return key
 
 
 def annotated_modules() -> list[tuple[torch.nn.Module, dict[str, str]]]:

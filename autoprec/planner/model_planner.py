@@ -1,9 +1,9 @@
-"""The model-level plan: one Decision per GEMM key (root-relative module path, role, ordinal), shared by
-every graph of a model — graph-break frames, train / eval, prefill / decode, recompiles — and by every
-rank. It owns the model's calibration (aggregated over graphs, steps and ranks), the call counter
-that seeds stochastic rounding, and the record of which graphs run which GEMM.
+"""The planner of one model: it aggregates calibration and holds the model's plan, one Decision per GEMM key
+(root-relative module path, role, ordinal), shared by every graph of a model (graph-break frames, train / eval,
+prefill / decode, recompiles) and by every rank. It owns the model's calibration (aggregated over graphs, steps
+and ranks), the call counter that seeds stochastic rounding, and the record of which graphs run which GEMM.
 
-A ModelPlan belongs to one root module (the model: ``model_root``) and one set of options. The backend finds
+A ModelPlanner belongs to one root module (the model: ``model_root``) and one set of options. The backend finds
 the root from the parameters a graph receives, so one compiled graph that serves several module instances
 (identical blocks after a graph break, or compiled one by one) maps each call to its own modules.
 """
@@ -16,17 +16,18 @@ from dataclasses import replace
 
 import torch
 
-from autoprec.at_scale import SOURCES, ReferenceShapes
 from autoprec.model_root import holds, named_modules
-from autoprec.options import CompileOptions
-from autoprec.overrides import annotated_modules
-from autoprec.passes.assign import Assigner
-from autoprec.passes.calibrate import Calibration
-from autoprec.passes.gemms import GemmKey, GemmSpec
-from autoprec.plan import Decision, Plan
+
+from .assign import Assigner
+from .at_scale import SOURCES, ReferenceShapes
+from .calibration import Calibration
+from .gemm_spec import GemmKey, GemmSpec
+from .options import CompileOptions
+from .overrides import annotated_modules
+from .plan import Decision, Plan
 
 
-class ModelPlan:
+class ModelPlanner:
     """The plan of one model under one set of options (see the module docstring). ``requested`` are the
     options the user compiled with; ``opts`` may differ by a plan restored with ``load_state_dict``."""
 
@@ -49,7 +50,7 @@ class ModelPlan:
         self._unplanned_seen: dict[str, dict[tuple[str, str], int]] = {}
         self.calls = 0  # compiled calls of any graph of the model: the SR step
         self.train_steps = 0  # the most backward passes any one training graph has finished: the schedule's step
-        self._phased: dict[tuple[int, GemmKey], Decision] = {}
+        self._staged: dict[tuple[int, GemmKey], Decision] = {}
         self.n_graphs = 0
         self._variants: list[weakref.ref] = []
         auto = opts.recipe == "auto" and opts.plan is None
@@ -123,13 +124,13 @@ class ModelPlan:
         self._add(self.assigner(specs).choose([s for s in specs if s.key not in self.decisions]))
         self.fixed = True
 
-    def phase_at(self, step: int) -> int:
-        """The schedule phase that runs at training step ``step`` (0: the plan before any switch)."""
+    def stage_at(self, step: int) -> int:
+        """The schedule stage that runs at training step ``step`` (0: the plan before any switch)."""
         return sum(1 for p in self.opts.schedule if step >= p["from_step"])
 
     @property
-    def phase(self) -> int:
-        return self.phase_at(self.train_steps)
+    def stage(self) -> int:
+        return self.stage_at(self.train_steps)
 
     def backward_done(self, count: int) -> None:
         """A training graph has finished its ``count``-th backward pass; after every ``recalibrate_every``-th
@@ -151,22 +152,22 @@ class ModelPlan:
             self._assigner = Assigner(self.opts, self.calibration, self._module_names)
         self.calibration.restart()
         self.decisions.clear()
-        self._phased.clear()
+        self._staged.clear()
         self.fixed = False
 
-    def phase_decision(self, key: GemmKey, phase: int) -> Decision:
-        """The decision of ``key`` in schedule phase ``phase``: the plan's, with the phases' overrides."""
-        if phase == 0:
+    def stage_decision(self, key: GemmKey, stage: int) -> Decision:
+        """The decision of ``key`` in schedule stage ``stage``: the plan's, with the stages' overrides."""
+        if stage == 0:
             return self.decisions[key]
-        if (phase, key) not in self._phased:
-            choice = self._assigner.scheduled(self.specs[key], phase)
+        if (stage, key) not in self._staged:
+            choice = self._assigner.scheduled(self.specs[key], stage)
             base = self.decisions[key]
-            self._phased[(phase, key)] = base if choice is None else self._assigner.decision(
+            self._staged[(stage, key)] = base if choice is None else self._assigner.decision(
                 self.specs[key], choice, base.site)
-        return self._phased[(phase, key)]
+        return self._staged[(stage, key)]
 
-    def decide(self, specs: list[GemmSpec], graph: str, phase: int = 0) -> dict[GemmKey, Decision]:
-        """The decision of every GEMM of a graph in schedule phase ``phase``; one first met after the plan
+    def decide(self, specs: list[GemmSpec], graph: str, stage: int = 0) -> dict[GemmKey, Decision]:
+        """The decision of every GEMM of a graph in schedule stage ``stage``; one first met after the plan
         was fixed is decided now, by the same policy, and says so."""
         self.register(specs)
         new = [s for s in specs if s.key not in self.decisions]
@@ -178,7 +179,7 @@ class ModelPlan:
             if graph not in runs:
                 runs.append(graph)
         _warn_stray_annotations()
-        return {s.key: self.phase_decision(s.key, phase) for s in specs}
+        return {s.key: self.stage_decision(s.key, stage) for s in specs}
 
     def note_unplanned(self, graph: str, module: str, op: str, flops: float | None, params: list[str]) -> None:
         """A matmul-like op autoprec does not rewrite: counted once per (module, op, ordinal), as GEMMs are."""
@@ -194,18 +195,18 @@ class ModelPlan:
         if why not in notes:
             notes.append(why)
 
-    def to_plan(self, phase: int | None = None) -> Plan:
-        """The user's view of schedule phase ``phase`` (default: the one running now): each key once,
+    def to_plan(self, stage: int | None = None) -> Plan:
+        """The user's view of schedule stage ``stage`` (default: the one running now): each key once,
         with the graphs it runs in, and the schedule."""
         hardware = self.opts.hardware
-        phase = self.phase if phase is None else phase
+        stage = self.stage if stage is None else stage
         reference = f"{ReferenceShapes(**self.opts.reference_shapes).describe()}; {SOURCES[hardware]}"
-        if not 0 <= phase <= len(self.opts.schedule):
-            raise ValueError(f"autoprec.plan: phase {phase} does not exist; the schedule has phases "
+        if not 0 <= stage <= len(self.opts.schedule):
+            raise ValueError(f"autoprec.plan: stage {stage} does not exist; the schedule has stages "
                              f"0..{len(self.opts.schedule)}")
         rows = [replace(d, graphs=tuple(self.graphs.get(k, ())),
                         reason="; ".join([d.reason, *self.deviations.get(k, [])]))
-                for k, d in ((k, self.phase_decision(k, phase)) for k in self.decisions)]
+                for k, d in ((k, self.stage_decision(k, stage)) for k in self.decisions)]
         rows.sort(key=lambda d: d.site)
         notes = [f"a compiled graph ran as traced, without autoprec's formats: {f}" for f in self.failures]
         notes += sorted(self.device_notes)
@@ -218,21 +219,21 @@ class ModelPlan:
         return Plan(decisions=rows, saved_bytes=dict(self.saved_bytes), hardware=hardware, reference=reference,
                     pass_seconds=dict(self.pass_seconds), notes=notes,
                     unplanned_ops=[(m, op, f) for (m, op, _), f in self.unplanned.items()],
-                    schedule=self._schedule_lines(phase) + self._recalibration_lines())
+                    schedule=self._schedule_lines(stage) + self._recalibration_lines())
 
     def _schedule_lines(self, shown: int) -> list[str]:
-        """One line per schedule phase: when it starts, its rules, what it changes and its projection."""
+        """One line per schedule stage: when it starts, its rules, what it changes and its projection."""
         if not self.opts.schedule:
             return []
         lines = []
-        for phase in range(len(self.opts.schedule) + 1):
-            rows = [self.phase_decision(k, phase) for k in self.decisions]
+        for stage in range(len(self.opts.schedule) + 1):
+            rows = [self.stage_decision(k, stage) for k in self.decisions]
             changed = sum(1 for k, d in zip(self.decisions, rows) if d.fmt != self.decisions[k].fmt)
             plan = Plan(decisions=rows, hardware=self.opts.hardware)
-            start = "from step 0" if phase == 0 else f"from step {self.opts.schedule[phase - 1]['from_step']}"
-            rules = "the plan" if phase == 0 else f"overrides {self.opts.schedule[phase - 1]['overrides']}"
-            marks = [m for m, on in (("running now", phase == self.phase), ("the rows above", phase == shown)) if on]
-            lines.append(f"schedule phase {phase} {start}: {rules}; {changed} GEMMs differ from phase 0; projected "
+            start = "from step 0" if stage == 0 else f"from step {self.opts.schedule[stage - 1]['from_step']}"
+            rules = "the plan" if stage == 0 else f"overrides {self.opts.schedule[stage - 1]['overrides']}"
+            marks = [m for m, on in (("running now", stage == self.stage), ("the rows above", stage == shown)) if on]
+            lines.append(f"schedule stage {stage} {start}: {rules}; {changed} GEMMs differ from stage 0; projected "
                          f"speedup {plan.projected_speedup():.2f}x, at scale {plan.projected_speedup(True):.2f}x"
                          + (f" ({', '.join(marks)})" if marks else ""))
         return lines
@@ -252,7 +253,7 @@ class ModelPlan:
                 f"precision, while measuring); {now}"]
 
     def state_dict(self) -> dict:
-        plan = self.to_plan(phase=0).to_json() if self.fixed else None
+        plan = self.to_plan(stage=0).to_json() if self.fixed else None
         return {"calls": self.calls, "train_steps": self.train_steps, "plan": plan}
 
     def load_state_dict(self, state: dict) -> None:
@@ -263,14 +264,14 @@ class ModelPlan:
                 variant.backwards = self.train_steps  # its graphs count on from the restored step
 
 
-STATES: list[ModelPlan] = []
+PLANNERS: list[ModelPlanner] = []
 _PENDING: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
-    """The live ModelPlan of ``root`` under ``opts`` (a new one if there is none)."""
-    STATES[:] = [s for s in STATES if s.alive or not s._variants]
-    for state in STATES:
+def planner_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlanner:
+    """The live ModelPlanner of ``root`` under ``opts`` (a new one if there is none)."""
+    PLANNERS[:] = [s for s in PLANNERS if s.alive or not s._variants]
+    for state in PLANNERS:
         if root is not None and state.model is root and state.requested == opts:
             return state
     requested = opts
@@ -279,10 +280,10 @@ def plan_for(root: torch.nn.Module | None, opts: CompileOptions) -> ModelPlan:
     if pending is not None and pending.get("plan") is not None and opts.recipe == "auto" and opts.plan is None:
         # the restored plan runs until the next re-calibration, if any (that reads ``requested``)
         opts = replace(opts, plan=Plan.from_json(pending["plan"], "autoprec.load_state_dict"), recalibrate_every=None)
-    state = ModelPlan(root, requested, opts)
+    state = ModelPlanner(root, requested, opts)
     if pending is not None:
         state.load_state_dict(pending)
-    STATES.append(state)
+    PLANNERS.append(state)
     return state
 
 
@@ -294,26 +295,26 @@ def _pending_key(root: torch.nn.Module) -> torch.nn.Module | None:
     return next((k for k in list(_PENDING.keys()) if holds(root, k) or holds(k, root)), None)
 
 
-def plans_of(model: torch.nn.Module | None) -> list[ModelPlan]:
+def planners_of(model: torch.nn.Module | None) -> list[ModelPlanner]:
     """The live plans of a model (None: of every model), the most recent last."""
     gc.collect()  # graphs dropped by torch._dynamo.reset() (or recompiles) take their plans along
-    STATES[:] = [s for s in STATES if s.alive]
-    return [s for s in STATES if model is None or s.model is model]
+    PLANNERS[:] = [s for s in PLANNERS if s.alive]
+    return [s for s in PLANNERS if model is None or s.model is model]
 
 
-def enclosing_plans(module: torch.nn.Module) -> list[ModelPlan]:
+def enclosing_planners(module: torch.nn.Module) -> list[ModelPlanner]:
     """The live plans of models that hold ``module`` (a block compiled on its own is planned with its model)."""
-    return [s for s in plans_of(None) if s.model is not None and s.model is not module and holds(s.model, module)]
+    return [s for s in planners_of(None) if s.model is not None and s.model is not module and holds(s.model, module)]
 
 
 def planned_module_ids() -> set[str]:
     """Ids of the modules (and their ancestors) whose GEMMs a live plan has decided."""
-    return {mid for st in STATES if st.alive for k in st.decisions for mid in st.specs[k].stack_ids}
+    return {mid for st in PLANNERS if st.alive for k in st.decisions for mid in st.specs[k].stack_ids}
 
 
 def planned_weight_ids() -> set[int]:
     """Ids of the parameters whose GEMMs a live plan has decided."""
-    return {st.specs[k].weight_id for st in STATES if st.alive for k in st.decisions} - {None}
+    return {st.specs[k].weight_id for st in PLANNERS if st.alive for k in st.decisions} - {None}
 
 
 def defer_state(model: torch.nn.Module, state: dict) -> None:
@@ -327,7 +328,7 @@ _WARNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 def _warn_stray_annotations() -> None:
     """``annotate`` on a module that no compiled model holds is ignored: warn once per module when a graph is planned,
     naming the module and its annotation (``autoprec.plan`` lists it too)."""
-    roots = [s.model for s in STATES if s.model is not None]
+    roots = [s.model for s in PLANNERS if s.model is not None]
     for module, spec in annotated_modules():
         if module not in _WARNED and not any(holds(r, module) for r in roots):
             _WARNED.add(module)

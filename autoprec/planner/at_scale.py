@@ -14,24 +14,21 @@ are compute-bound and each format runs at its measured speedup over BF16, quanti
   https://nvidia.github.io/TransformerEngine/features/low_precision_training/speedups.html
 - Efficiency against the peak ratios (15 / 5 / 2.5 PFLOPS): NVFP4 2.03 / 6 = 0.34, MXFP8 1.44 / 2 = 0.72.
   No figure is published for B200 here: it takes the B300 ratios.
-- H100/H200 (``h100``): autoprec's own sm_90 GEMMs (operands decoded to bf16, cuBLAS), measured on an H200 at
-  8192^3 against torch's bf16 GEMM (benchmarks/results/h200_2026-12-04.txt, run 2): NVFP4 with the
-  quantization of both operands 0.47x; MXFP8 0.70x, its decoded GEMM (1.844 ms) plus the run-1 times of its
-  row and column quantizations of 8192^2 (0.152, 0.303 ms) against 1.601 ms. That MXFP8 GEMM had cuBLAS write
-  bf16 itself, as autoprec does again since 2026-12-07 with torch's allow_bf16_reduced_precision_reduction turned
-  off around the call (cuBLAS's split-K sums then fp32; not yet timed so). Slower than BF16 either way: on Hopper
-  autoprec saves memory, not time, and a plan says so.
+- H100/H200 (``h100``): autoprec's own sm_90 GEMMs (operands decoded to bf16, cuBLAS) at 8192^3 against torch's
+  bf16 GEMM, the quantization of both operands included, as the one GPU run measured them
+  (``benchmarks/results/h200_2026-12-04.txt``; how the MXFP8 rate is composed: ``gpu_log.md``). Slower than BF16:
+  on Hopper autoprec saves memory, not time, and a plan says so.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
-from autoprec.cost import Hardware
+from .cost import Hardware
 
 TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03}  # measured with quantization (source above)
-H200 = {"bf16": 1.0, "mxfp8": 0.70, "nvfp4": 0.47}  # autoprec's sm_90 path, quantization included (above)
-MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": H200}
+SM90 = {"bf16": 1.0, "mxfp8": 0.70, "nvfp4": 0.47}  # autoprec's sm_90 path, quantization included (above)
+MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": SM90}
 _MEASURED_BY = {"gb300": "TE's measured B300 speedups", "b200": "TE's measured B300 speedups",
                 "h100": "autoprec's sm_90 GEMMs measured on an H200"}
 # the plan's at-scale line: who measured each table's rates, and the rates

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autoprec.cost import HARDWARE
 from autoprec.formats import closest
-from autoprec.overrides import parse_rules
-from autoprec.plan import Plan, is_int, is_real
+
+from .cost import HARDWARE
+from .overrides import parse_rules
+from .plan import Plan, is_int, is_real
 
 RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
 PHASES = ("pretrain", "rl_sampler", "rl_trainer", "rl")

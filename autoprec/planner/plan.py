@@ -4,12 +4,15 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
+import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from autoprec.cost import HARDWARE, get_hardware
 from autoprec.formats import FORMATS, get_format
 from autoprec.roles import MatmulRole
+
+from .cost import HARDWARE, get_hardware
 
 SCHEMA_VERSION = 4  # 2 added weight_shape, 3 groups / group_tokens, 4 input_amax; older files still load
 READABLE_VERSIONS = (1, 2, 3, 4)
@@ -158,6 +161,22 @@ class Decision:
 
 
 COLUMNS = ("site", "module", "role", "MxNxK", "format", "rounding", "RHT", "err", "bias", "loss", "graphs", "reason")
+SHORT_COLUMNS = ("module", "role", "MxNxK", "format", "round", "RHT", "graphs", "reason")
+WIDTH = 120  # the default view fits a terminal; ``Plan.details()`` has every field in full
+MIN_REASON = 28
+
+
+def short_reason(reason: str) -> str:
+    """A reason's first clause without its parenthesized detail: ``auto (fastest within budget ...): damage 5.4e-06;
+    others ...`` reads ``auto: damage 5.4e-06``."""
+    return re.sub(r" \([^()]*\)", "", reason.split("; ")[0])
+
+
+def _fit(text: str, width: int, keep_end: bool = False) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis (at the start where its end matters more)."""
+    if len(text) <= width:
+        return text
+    return "…" + text[len(text) - width + 1:] if keep_end else text[:width - 1] + "…"
 
 
 def _score(v: float | None) -> str:
@@ -242,33 +261,63 @@ class Plan:
     def summary(self) -> str:
         share = ", ".join(f"{fmt} {100 * s:.0f}%" for fmt, s in sorted(self.flop_share().items())) or "no GEMM planned"
         wq, wb = self.weight_bytes()
-        text = (f"FLOPs: {share}; projected GEMM speedup vs BF16 on {self.hardware}: "
-                f"{self.projected_speedup():.2f}x; weights {wq / 1e6:.3f} MB (BF16 {wb / 1e6:.3f} MB)")
-        if self.saved_bytes:
-            text += f"; saved for backward {sum(self.saved_bytes.values()) / 1e6:.3f} MB"
+        lines = [f"FLOPs: {share}",
+                 f"projected GEMM speedup vs BF16 on {self.hardware}: {self.projected_speedup():.2f}x"]
         if self.reference and any(d.ref_seconds for d in self.decisions):
-            text += f"\nat scale: {self.projected_speedup(at_scale=True):.2f}x at {self.reference}"
+            lines[-1] += f"; at scale: {self.projected_speedup(at_scale=True):.2f}x at {self.reference}"
+        memory = f"weights {wq / 1e6:.3f} MB (BF16 {wb / 1e6:.3f} MB)"
+        if self.saved_bytes:
+            memory += f"; saved for backward {sum(self.saved_bytes.values()) / 1e6:.3f} MB"
+        lines.append(memory)
         if self.not_compiled:
-            text += (f"\nthe shares cover compiled graphs only: {len(self.not_compiled)} modules ran eagerly "
-                     f"(listed below), in their own dtype, and their FLOPs are not seen")
+            lines.append(f"the shares cover compiled graphs only: {len(self.not_compiled)} modules ran eagerly "
+                         f"(listed below), in their own dtype, and their FLOPs are not seen")
         if self.unplanned_ops:
             ops = ", ".join(sorted({op for _, op, _ in self.unplanned_ops}))
-            text += (f"\nnot planned: {len(self.unplanned_ops)} matmul-like ops autoprec does not rewrite ({ops}) "
-                     f"run as traced, in their input dtype")
+            text = (f"not planned: {len(self.unplanned_ops)} matmul-like ops autoprec does not rewrite ({ops}) "
+                    f"run as traced, in their input dtype")
             if any(f is None for _, _, f in self.unplanned_ops):
                 text += "; the FLOPs of some are unknown and not in the shares above"
-        return text
+            lines.append(text)
+        return "\n".join(lines)
+
+    def table(self, verbose: bool = False) -> str:
+        """The decisions as a text table: short reasons in at most ``WIDTH`` columns, or (``verbose``) every
+        column in full, with the measured scores (err, bias, loss-aware) and the whole reason."""
+        if verbose:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(*COLUMNS, box=None, pad_edge=False, header_style="bold")
+            for row in self.rows():
+                table.add_row(*row)
+            console = Console(record=True, width=100_000, file=io.StringIO(), color_system=None)
+            console.print(table)
+            return "\n".join(line.rstrip() for line in console.export_text().splitlines())
+        rows = [(d.module or "<root>", str(d.role) + (f"#{d.index}" if d.index else ""), d.mnk,
+                 d.fmt + (" 16x16" if d.tile2d else ""), d.rounding if d.fmt != "bf16" else "-",
+                 "yes" if d.rht else "-", ",".join(d.graphs) or "-", short_reason(d.reason)) for d in self.decisions]
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(SHORT_COLUMNS[:-1])]
+        spare = WIDTH - sum(widths) - 2 * len(widths)
+        if spare < MIN_REASON:  # long module paths give way, their ends kept
+            widths[0] = max(len(SHORT_COLUMNS[0]), widths[0] - (MIN_REASON - spare))
+            spare = WIDTH - sum(widths) - 2 * len(widths)
+        lines = []
+        for row in [SHORT_COLUMNS, *rows]:
+            cells = [_fit(c, w, keep_end=i == 0).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+            lines.append("  ".join([*cells, _fit(row[-1], max(spare, 1))]).rstrip())
+        return "\n".join(lines)
 
     def __str__(self) -> str:
-        from rich.console import Console
-        from rich.table import Table
+        return self.render(verbose=False)
 
-        table = Table(*COLUMNS, box=None, pad_edge=False, header_style="bold")
-        for row in self.rows():
-            table.add_row(*row)
-        console = Console(record=True, width=250, file=io.StringIO(), color_system=None)
-        console.print(table)
-        lines = [console.export_text().rstrip(), self.summary(), *self.schedule]
+    def details(self) -> str:
+        """The plan with every column and reason in full, and the passes' times (``print(plan.details())``)."""
+        return self.render(verbose=True)
+
+    def render(self, verbose: bool) -> str:
+        """The table, then the summary and the notes: wrapped to ``WIDTH`` columns unless ``verbose``."""
+        lines = [self.summary(), *self.schedule]
         if self.not_compiled:
             lines.append("ran outside autoprec (eagerly: after a graph break, in a skipped frame or outside the "
                          "compiled modules): " + ", ".join(self.not_compiled))
@@ -277,9 +326,13 @@ class Plan:
             lines.append("parameters no planned GEMM reads: "
                          + ", ".join(f"{name} ({why})" for name, why in self.unplanned_params))
         lines += self.notes
-        if self.pass_seconds:
+        if verbose and self.pass_seconds:
             lines.append("pass times: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.pass_seconds.items()))
-        return "\n".join(lines)
+        if not verbose:
+            lines = [part for line in "\n".join(lines).splitlines()
+                     for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [""]]
+            lines.append("(plan.details(): every reason in full, with the measured err / bias / loss scores)")
+        return "\n".join([self.table(verbose), *lines])
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "hardware": self.hardware,
