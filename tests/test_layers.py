@@ -18,6 +18,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones befor
     ("autoprec.pipeline", "autoprec.inner_compiles", "autoprec.cache_key"),
     ("autoprec.backend",),
     ("autoprec.api",),
+    ("autoprec.export",),
     ("autoprec",),
 ]
 
