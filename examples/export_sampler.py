@@ -23,13 +23,13 @@ def weight_differences(sampler: torch.nn.Module, loaded: torch.nn.Module) -> tup
     """How transformers' decompressed weights compare with autoprec's dequantized ones: (quantized weights, the
     share of elements equal to autoprec's rounded to bf16, the largest relative difference). compressed-tensors
     decompresses in bf16, dividing each block scale by the global scale where autoprec multiplies by S_dec."""
-    linears = export_plan(sampler, "plan").linears
+    linears = export_plan(sampler, "plan").weights
     modules = dict(loaded.named_modules())
     equal = total = 0
     worst = 0.0
     for q in linears:
         mine = q.weight_values()
-        theirs = modules[q.name].weight.detach()
+        theirs = modules[q.module].weight.detach()
         equal += int((mine.bfloat16() == theirs.bfloat16()).sum())
         total += mine.numel()
         worst = max(worst, float(((theirs.float() - mine).abs() / mine.abs().clamp_min(1e-30)).max()))

@@ -22,10 +22,12 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils.quantization_config import CompressedTensorsConfig  # noqa: E402
 
 import autoprec  # noqa: E402
+from autoprec.export.checkpoint import checkpoint_names  # noqa: E402
 from autoprec.export.formats import inverse_of  # noqa: E402
 from autoprec.export.weights import export_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+ROUTERS_BF16 = {"model.layers.*.mlp.gate": {"fprop": "bf16"}}
 
 
 def planned_sampler(kind: str, recipe: str, **options) -> tuple[torch.nn.Module, torch.nn.Module, tuple]:
@@ -74,16 +76,16 @@ def test_compressed_tensors_config_and_decompressed_weights(llama):
     assert qc.format == "nvfp4-pack-quantized" and config["model_type"] == "llama"
     (scheme,) = qc.config_groups.values()
     assert scheme.weights.group_size == 16 and scheme.input_activations.dynamic == "local"
-    linears = export_plan(sampler, "plan").linears
-    assert len(linears) == 15 and set(scheme.targets) == {q.name for q in linears}
+    linears = export_plan(sampler, "plan").weights
+    assert len(linears) == 15 and set(scheme.targets) == {q.module for q in linears}
     tensors = load_file(ct / "model.safetensors")
     q = linears[0]
-    assert tensors[f"{q.name}.weight_packed"].dtype == torch.uint8 and tensors[f"{q.name}.weight_scale"].dtype == (
+    assert tensors[f"{q.module}.weight_packed"].dtype == torch.uint8 and tensors[f"{q.module}.weight_scale"].dtype == (
         torch.float8_e4m3fn)
-    assert torch.equal(tensors[f"{q.name}.input_global_scale"], q.input_global_scale())
+    assert torch.equal(tensors[f"{q.module}.input_global_scale"], q.input_global_scale())
     loaded = dict(load(ct).named_modules())
     for q in linears:
-        assert torch.equal(q.weight_values().bfloat16(), loaded[q.name].weight.detach().bfloat16()), q.name
+        assert torch.equal(q.weight_values().bfloat16(), loaded[q.module].weight.detach().bfloat16()), q.module
 
 
 def test_loaded_model_computes_what_its_weights_say(llama):
@@ -94,8 +96,8 @@ def test_loaded_model_computes_what_its_weights_say(llama):
     emulated = copy.deepcopy(policy)
     modules = dict(emulated.named_modules())
     with torch.no_grad():
-        for q in export_plan(sampler, "plan").linears:
-            modules[q.name].weight.copy_(q.weight_values().bfloat16().float())
+        for q in export_plan(sampler, "plan").weights:
+            modules[q.module].weight.copy_(q.weight_values().bfloat16().float())
         theirs = load(ct)(ids, attention_mask=mask).logits.float()
         torch.testing.assert_close(theirs, emulated(ids, attention_mask=mask).logits, rtol=1e-5, atol=1e-5)
         planned = sampler(ids, attention_mask=mask).logits
@@ -134,11 +136,11 @@ def test_mixed_formats_and_a_tied_head(tmp_path):
     assert qc["format"] == "mixed-precision"
     assert {g["format"] for g in qc["config_groups"].values()} == {"nvfp4-pack-quantized", "mxfp8-quantized"}
     weights = decompressed(path)
-    linears = export_plan(sampler, "plan").linears
+    linears = export_plan(sampler, "plan").weights
     assert len(weights) == 15 and sum(q.fmt == "mxfp8" for q in linears) == 6
     for q in linears:  # MXFP8 exactly; NVFP4 as compressed-tensors decompresses it, in bf16
         want = q.weight_values() if q.fmt == "mxfp8" else q.weight_values().bfloat16()
-        assert torch.equal(weights[q.name].to(want.dtype), want), q.name
+        assert torch.equal(weights[q.module].to(want.dtype), want), q.module
 
     _, gpt2, _ = planned_sampler("gpt2", "nvfp4")
     with pytest.raises(ValueError, match=r"'transformer.h.0.attn.c_attn' is a Conv1D, not an nn.Linear"):
@@ -150,12 +152,12 @@ def test_mixed_formats_and_a_tied_head(tmp_path):
     tensors = load_file(path / "model.safetensors")
     assert "lm_head.weight_packed" in tensors and "transformer.wte.weight" in tensors
     assert torch.equal(load(path).lm_head.weight.detach().bfloat16(),
-                       export_plan(gpt2, "plan").linears[0].weight_values().bfloat16())
+                       export_plan(gpt2, "plan").weights[0].weight_values().bfloat16())
 
 
 def test_what_cannot_be_exported_raises(tmp_path):
     """A pretraining plan's dynamic NVFP4 activation scales raise, naming the module, unless weights only are
-    exported (compressed-tensors); experts modules raise."""
+    exported (compressed-tensors)."""
     pretrain = tiny_model("llama")
     compiled = torch.compile(pretrain, backend="autoprec", options={"recipe": "nvfp4"})
     ids, mask = prompts(batch=2, max_len=5, vocab=pretrain.config.vocab_size)
@@ -167,9 +169,49 @@ def test_what_cannot_be_exported_raises(tmp_path):
     assert [g["input_activations"] for g in groups.values()] == [None]
     with pytest.raises(ValueError, match="ModelOpt's NVFP4 and MXFP8 quantize the input too"):
         autoprec.export(compiled, tmp_path / "mo", format="modelopt", activations="none")
-    _, moe, _ = planned_sampler("qwen3_moe", "nvfp4")
-    with pytest.raises(ValueError, match=r"'model.layers.0.mlp.experts' is an experts module"):
-        autoprec.export(moe, tmp_path / "moe")
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_experts_are_written_per_expert_under_the_checkpoint_names(kind, tmp_path):
+    """transformers holds each experts projection as one 3D parameter; the checkpoint has one module per expert
+    and projection, as the model's own checkpoints name them (gate and up split, Mixtral's w1 / w3 / w2 under
+    ``block_sparse_moe``), each expert's weight quantized on its own as the grouped GEMM quantizes it, the fused
+    gate-up's two halves sharing its tensor scale. compressed-tensors decompresses every expert module to
+    autoprec's dequantized weight rounded to bf16, bit for bit, and transformers loads the directory, merging the
+    experts back (its experts path leaves out NVFP4's global scales, so its values are not compared: docs/export.md).
+    Routers are transformers' router modules, not Linears: a plan that quantizes one raises, so these keep them BF16."""
+    if kind == "mixtral":
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=32,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                         num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        policy = transformers.MixtralForCausalLM(cfg).eval()
+        sampler = compile_sampler(policy, "nvfp4", overrides=ROUTERS_BF16)
+        ids, mask = prompts(batch=3, max_len=5, vocab=256)
+        sample(sampler, ids, mask, new_tokens=2)
+    else:
+        _, sampler, _ = planned_sampler(kind, "nvfp4", overrides=ROUTERS_BF16)
+    path = autoprec.export(sampler, tmp_path / kind)
+    tensors = load_file(path / "model.safetensors")
+    experts = [q for q in export_plan(sampler, "plan").weights if q.codes.ndim == 3]
+    assert len(experts) == 4  # two projections per layer
+    names = {"qwen3_moe": ("mlp.experts.3.gate_proj", "mlp.experts.3.up_proj", "mlp.experts.3.down_proj"),
+             "mixtral": ("block_sparse_moe.experts.3.w1", "block_sparse_moe.experts.3.w3",
+                         "block_sparse_moe.experts.3.w2")}[kind]
+    for name in names:
+        assert tensors[f"model.layers.1.{name}.weight_packed"].dtype == torch.uint8, name
+    gate, up = (tensors[f"model.layers.1.{n}.weight_global_scale"] for n in names[:2])
+    assert torch.equal(gate, up) and torch.equal(gate, 1 / experts[2].s_dec[3:4])
+    weights = decompressed(path)
+    for q in experts:  # transformers' own split of each fused parameter, applied to autoprec's dequantized values
+        for module, want in checkpoint_names(sampler, {q.param: q.weight_values()}).items():
+            name = module.removesuffix(".weight")
+            assert torch.equal(weights[name].to(torch.bfloat16), want.bfloat16()), name
+    loaded = load(path).state_dict()  # transformers loads it and merges the experts back
+    assert all(loaded[q.param].shape == q.weight_values().shape for q in experts)
 
 
 def test_export_example_runs(tmp_path):

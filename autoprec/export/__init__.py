@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from . import formats
+from .checkpoint import Checkpoint, assemble
 from .weights import ExportPlan, export_plan
 
 FORMATS = ("compressed-tensors", "modelopt")
@@ -36,59 +37,37 @@ def export(model: torch.nn.Module, directory: str | Path, format: str = "compres
                          f"transformers config (.config)")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tensors, untied = _tensors(ep, format)
+    ck = assemble(ep, format)
     config_dict = config.to_dict()
-    if untied:
+    if ck.untied:
         config_dict["tie_word_embeddings"] = False
     if format == "compressed-tensors":
-        config_dict["quantization_config"] = formats.ct_config(ep.linears, ep.kept)
+        groups: dict[tuple[str, bool], list[str]] = {}
+        for module, scheme in ck.modules.items():
+            groups.setdefault(scheme, []).append(module)
+        config_dict["quantization_config"] = formats.ct_config(groups, ck.kept)
     else:
-        hf_quant = formats.modelopt_config(ep.linears, ep.kept, version("autoprec"))
+        layers = {module: fmt for module, (fmt, _) in ck.modules.items()}
+        hf_quant = formats.modelopt_config(layers, ck.kept, version("autoprec"))
         (out / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2) + "\n")
         config_dict["quantization_config"] = {"quant_method": "modelopt", **hf_quant["quantization"]}
     (out / "config.json").write_text(json.dumps(config_dict, indent=2, default=str) + "\n")
     from safetensors.torch import save_file
 
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "README.md").write_text(_note(ep, format, untied))
+    save_file(ck.tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "README.md").write_text(_note(ep, ck, format))
     return out
 
 
-def _tensors(ep: ExportPlan, format: str) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Every tensor of the checkpoint, and the quantized Linears whose weight was tied to another module's: those
-    are written quantized and the other module's weight as it is (the config then unties them). A tied weight
-    that is not quantized is written once; the model ties it again on load."""
-    write = formats.ct_tensors if format == "compressed-tensors" else formats.modelopt_tensors
-    quantized = {f"{q.name}.weight": q for q in ep.linears}
-    state = ep.root.state_dict()
-    owners: dict[tuple, list[str]] = {}
-    for name, t in state.items():
-        owners.setdefault((t.data_ptr(), tuple(t.shape)), []).append(name)
-    untied = [quantized[n].name for names in owners.values() if len(names) > 1 for n in names if n in quantized]
-    out: dict[str, torch.Tensor] = {}
-    written: set[tuple] = set()
-    for name, t in state.items():
-        if name in quantized:
-            q = quantized[name]
-            out.update({f"{q.name}.{k}": v.detach().cpu().contiguous() for k, v in write(q).items()})
-            continue
-        key = (t.data_ptr(), tuple(t.shape))
-        if key not in written:
-            written.add(key)
-            out[name] = t.detach().cpu().contiguous().clone()
-    return out, untied
-
-
-def _note(ep: ExportPlan, format: str, untied: list[str]) -> str:
+def _note(ep: ExportPlan, ck: Checkpoint, format: str) -> str:
     """The directory's README: what the checkpoint holds and what its format cannot say."""
     counts: dict[str, int] = {}
-    for q in ep.linears:
-        counts[q.fmt] = counts.get(q.fmt, 0) + 1
-    held = ", ".join(f"{n} Linear modules in {fmt.upper()}" for fmt, n in sorted(counts.items()))
-    held = held or "no quantized Linear"
+    for fmt, _ in ck.modules.values():
+        counts[fmt] = counts.get(fmt, 0) + 1
+    held = ", ".join(f"{n} modules in {fmt.upper()}" for fmt, n in sorted(counts.items())) or "no quantized module"
     lines = [
         f"# autoprec export ({format})", "",
-        f"Written by autoprec {version('autoprec')} from the model's plan: {held}; {len(ep.kept)} Linear modules in "
+        f"Written by autoprec {version('autoprec')} from the model's plan: {held}; {len(ck.kept)} Linear modules in "
         f"their own dtype (listed as ignored / excluded).", "",
         "What this checkpoint cannot say, and autoprec's plan does:", "",
         "- the backward GEMMs' formats (dgrad, wgrad): checkpoints describe inference, so only each Linear's forward "
@@ -103,8 +82,8 @@ def _note(ep: ExportPlan, format: str, untied: list[str]) -> str:
                      "Each is chosen so that its fp32 reciprocal is autoprec's encoding scale, but about one fp32 "
                      "value in nine is no fp32 number's reciprocal: such a scale comes back one unit in the last "
                      "place off.")
-    if untied:
-        lines.append(f"- {', '.join(untied)} shared its weight with another module; it is quantized here, so the "
+    if ck.untied:
+        lines.append(f"- {', '.join(ck.untied)} shared its weight with another module; it is quantized here, so the "
                      f"config unties them (tie_word_embeddings false) and the other module keeps the weight as it is.")
     lines += [f"- {note}" for note in ep.notes]
     return "\n".join(lines) + "\n"

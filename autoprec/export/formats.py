@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .weights import QuantizedLinear
+from .weights import QuantizedWeight
 
 NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16, "strategy": "tensor_group",
               "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
@@ -20,9 +20,8 @@ MXFP8_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": 3
 CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp8": "mxfp8-quantized"}
 
 
-def ct_scheme(q: QuantizedLinear) -> tuple:
-    """A hashable key of the compressed-tensors scheme ``q`` needs (its config group)."""
-    return (q.fmt, q.activations)
+# per-module scalars, and the shape each format stores them in
+SCALARS = {"weight_global_scale": (1,), "input_global_scale": (1,), "weight_scale_2": (), "input_scale": ()}
 
 
 def ct_group(fmt: str, activations: bool, targets: list[str]) -> dict:
@@ -37,52 +36,51 @@ def ct_group(fmt: str, activations: bool, targets: list[str]) -> dict:
             "format": CT_FORMATS[fmt]}
 
 
-def ct_config(linears: list[QuantizedLinear], ignore: list[str]) -> dict:
-    """config.json's ``quantization_config`` for compressed-tensors."""
-    groups: dict[tuple, list[str]] = {}
-    for q in linears:
-        groups.setdefault(ct_scheme(q), []).append(q.name)
+def ct_config(groups: dict[tuple[str, bool], list[str]], ignore: list[str]) -> dict:
+    """config.json's ``quantization_config`` for compressed-tensors: one config group per (format, input
+    quantized) with its modules, the unquantized Linears ignored."""
     formats = {CT_FORMATS[fmt] for fmt, _ in groups}
     return {
         "quant_method": "compressed-tensors",
         "format": formats.pop() if len(formats) == 1 else "mixed-precision",
         "quantization_status": "compressed",
-        "config_groups": {f"group_{i}": ct_group(fmt, acts, names)
+        "config_groups": {f"group_{i}": ct_group(fmt, acts, sorted(names))
                           for i, ((fmt, acts), names) in enumerate(sorted(groups.items()))},
         "ignore": sorted(ignore),
         "kv_cache_scheme": None,
     }
 
 
-def ct_tensors(q: QuantizedLinear) -> dict[str, torch.Tensor]:
-    """The tensors compressed-tensors names for ``q``, by their name under the module."""
+def ct_tensors(q: QuantizedWeight) -> dict[str, torch.Tensor]:
+    """The tensors compressed-tensors names for ``q``, by their name under the module (``SCALARS`` per expert)."""
     if q.fmt == "mxfp8":
         return {"weight": q.codes, "weight_scale": q.scales}
     out = {"weight_packed": q.codes, "weight_scale": q.scales.view(torch.float8_e4m3fn),
-           "weight_global_scale": (1 / q.s_dec).reshape(1)}
+           "weight_global_scale": 1 / q.s_dec}
     if q.activations:
-        out["input_global_scale"] = q.input_global_scale()
+        out["input_global_scale"] = q.input_global_scale().reshape(()).expand(q.s_dec.shape)
     return out
 
 
-def modelopt_config(linears: list[QuantizedLinear], exclude: list[str], version: str) -> dict:
-    """hf_quant_config.json's content for ModelOpt's mixed-precision export."""
-    layers = {q.name: {"quant_algo": "NVFP4", "group_size": 16} if q.fmt == "nvfp4" else {"quant_algo": "MXFP8"}
-              for q in linears}
+def modelopt_config(layers: dict[str, str], exclude: list[str], version: str) -> dict:
+    """hf_quant_config.json's content for ModelOpt's mixed-precision export: ``layers`` maps each quantized module
+    to its format."""
+    algos = {name: {"quant_algo": "NVFP4", "group_size": 16} if fmt == "nvfp4" else {"quant_algo": "MXFP8"}
+             for name, fmt in sorted(layers.items())}
     return {
         "producer": {"name": "autoprec", "version": version},
-        "quantization": {"quant_algo": "MIXED_PRECISION",
-                         "kv_cache_quant_algo": None, "quantized_layers": layers, "exclude_modules": sorted(exclude)},
+        "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": algos,
+                         "exclude_modules": sorted(exclude)},
     }
 
 
-def modelopt_tensors(q: QuantizedLinear) -> dict[str, torch.Tensor]:
-    """The tensors ModelOpt's exporter writes for ``q``."""
+def modelopt_tensors(q: QuantizedWeight) -> dict[str, torch.Tensor]:
+    """The tensors ModelOpt's exporter writes for ``q`` (``SCALARS`` per expert)."""
     if q.fmt == "mxfp8":
         return {"weight": q.codes, "weight_scale": q.scales}
-    out = {"weight": q.codes, "weight_scale": q.scales.view(torch.float8_e4m3fn), "weight_scale_2": q.s_dec.reshape(())}
+    out = {"weight": q.codes, "weight_scale": q.scales.view(torch.float8_e4m3fn), "weight_scale_2": q.s_dec}
     if q.activations:
-        out["input_scale"] = inverse_of(q.input_global_scale()).reshape(())
+        out["input_scale"] = inverse_of(q.input_global_scale()).reshape(()).expand(q.s_dec.shape)
     return out
 
 

@@ -1,5 +1,5 @@
-"""What an export writes, format by format: each Linear's planned fprop format, its weight quantized as the
-plan's forward quantizes it, and the static activation amax the plan fixed. See docs/export.md."""
+"""What an export writes: each planned weight's fprop format, the weight quantized as the plan's forward quantizes it,
+and the static activation amax the plan fixed. See docs/export.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,13 +18,14 @@ EXPORTED_FORMATS = ("nvfp4", "mxfp8")
 
 
 @dataclass(frozen=True)
-class QuantizedLinear:
-    """One Linear's weight as the plan's forward runs it. ``scales`` has one row per weight row (a 16x16 tile's
-    scale repeated over its 16 rows, which gives the same values); ``s_dec`` is NVFP4's fp32 tensor scale.
-    ``activations``: whether the checkpoint says how the input is quantized (the same format: NVFP4 with the static
-    ``input_amax``, MXFP8 with per-block scales), or leaves the input unquantized (weights only)."""
+class QuantizedWeight:
+    """A Linear's weight (N, K), or an experts parameter (E, N, K) with one quantization per expert, as the plan's
+    forward runs it. ``param``: its name in the model's state dict. ``scales`` has one row per weight row (a 16x16
+    tile's scale repeated over its 16 rows: the same values); ``s_dec``: NVFP4's fp32 tensor scale, one per expert.
+    ``activations``: whether the checkpoint says how the input is quantized (the same format: NVFP4 under the
+    static ``input_amax``, MXFP8 with per-block scales) or leaves it unquantized (weights only)."""
 
-    name: str
+    param: str
     fmt: str
     codes: torch.Tensor
     scales: torch.Tensor
@@ -32,11 +33,22 @@ class QuantizedLinear:
     activations: bool
     input_amax: float | None
 
+    @property
+    def module(self) -> str:
+        return self.param.removesuffix(".weight")
+
     def weight_values(self) -> torch.Tensor:
         """fp32 values of the quantized weight, as autoprec dequantizes them."""
-        n, k = self.codes.shape[0], self.scales.shape[1] * get_format(self.fmt).block_size
-        q = QuantizedTensor(get_format(self.fmt), self.codes, self.scales, self.s_dec, 1, torch.Size((n, k)))
-        return dequantize(q)
+        fmt = get_format(self.fmt)
+        if self.codes.ndim == 3:
+            return torch.stack([self._expert(e).weight_values() for e in range(self.codes.shape[0])])
+        shape = torch.Size((self.codes.shape[0], self.scales.shape[1] * fmt.block_size))
+        return dequantize(QuantizedTensor(fmt, self.codes, self.scales, self.s_dec, 1, shape))
+
+    def _expert(self, e: int) -> "QuantizedWeight":
+        s_dec = None if self.s_dec is None else self.s_dec[e]
+        return QuantizedWeight(self.param, self.fmt, self.codes[e], self.scales[e], s_dec, self.activations,
+                               self.input_amax)
 
     def input_global_scale(self) -> torch.Tensor:
         """NVFP4's activation S_enc for the static amax, as the quantizer computes it (shape [1], fp32)."""
@@ -45,10 +57,10 @@ class QuantizedLinear:
 
 @dataclass
 class ExportPlan:
-    """A model's root module, the Linears it exports quantized and the modules kept in their own dtype."""
+    """A model's root module, the weights it exports quantized and the Linear modules kept in their own dtype."""
 
     root: torch.nn.Module
-    linears: list[QuantizedLinear]
+    weights: list[QuantizedWeight]
     kept: list[str]  # Linear modules in their own dtype (BF16 in the plan, or never planned)
     notes: list[str]
 
@@ -59,46 +71,66 @@ def export_plan(model: torch.nn.Module, activations: str) -> ExportPlan:
     root, planners, _ = _model_plans(model)
     if not planners:
         plan(model)  # raises, naming what to do
-    decisions = {d.module: d for d in plan(model).decisions if d.role is MatmulRole.FPROP}
+    fprops: dict[str, list[Decision]] = {}
+    for d in plan(model).decisions:
+        if d.role is MatmulRole.FPROP:
+            fprops.setdefault(d.module, []).append(d)
     scale_mode = planners[-1].opts.mx_scale
-    linears, kept, notes = [], [], []
-    planned = set()
+    weights, kept, notes, seen = [], [], [], set()
     for name, module in root.named_modules():
-        d = decisions.get(name)
-        if d is not None and d.groups:
-            raise ValueError(f"autoprec.export: {name!r} is an experts module (grouped GEMMs); exporting experts is "
-                             f"not supported yet")
-        if not isinstance(module, torch.nn.Linear):
-            if d is not None and d.fmt != "bf16" and isinstance(getattr(module, "weight", None), torch.Tensor):
-                raise ValueError(f"autoprec.export: {name!r} is a {type(module).__name__}, not an nn.Linear, and runs "
-                                 f"{d.fmt}: the checkpoint formats quantize nn.Linear weights only; keep it in BF16 "
-                                 f"(options={{'overrides': {{{name!r}: {{'fprop': 'bf16'}}}}}}) to export")
-            continue
-        planned.add(name)
-        if d is None or d.fmt == "bf16" or not d.rewritten:
-            kept.append(name)
-            continue
-        if d.fmt not in EXPORTED_FORMATS:
-            raise ValueError(f"autoprec.export: {name!r} runs {d.fmt}, which the checkpoint formats cannot say")
-        linears.append(_quantized(name, module.weight.detach(), d, scale_mode, activations))
-    others = sorted(d.module for d in decisions.values() if d.module not in planned and d.fmt != "bf16")
+        ds = [d for d in fprops.get(name, []) if d.fmt != "bf16" and d.rewritten]
+        if isinstance(module, torch.nn.Linear):
+            seen.add(name)
+            if not ds:
+                kept.append(name)
+                continue
+            weights.append(_quantized(f"{name}.weight", module.weight.detach(), ds[0], scale_mode, activations))
+        elif ds and any(d.groups for d in ds):
+            seen.add(name)
+            weights += _experts(name, module, ds, scale_mode, activations)
+        elif ds and isinstance(getattr(module, "weight", None), torch.Tensor):
+            raise ValueError(f"autoprec.export: {name!r} is a {type(module).__name__}, not an nn.Linear, and runs "
+                             f"{ds[0].fmt}: the checkpoint formats quantize nn.Linear weights only; keep it in BF16 "
+                             f"(options={{'overrides': {{{name!r}: {{'fprop': 'bf16'}}}}}}) to export")
+    others = sorted(m for m, ds in fprops.items() if m not in seen and any(d.fmt != "bf16" for d in ds))
     if others:
         notes.append("products without a Linear weight run in the plan's formats inside autoprec but are not in the "
                      "checkpoint (engines run them their own way): " + ", ".join(others))
-    return ExportPlan(root, linears, kept, notes)
+    return ExportPlan(root, weights, kept, notes)
 
 
-def _quantized(name: str, weight: torch.Tensor, d: Decision, scale_mode: str, activations: str) -> QuantizedLinear:
-    if weight.ndim != 2:
-        raise ValueError(f"autoprec.export: {name!r} has a {weight.ndim}D weight; a Linear's is 2D")
-    q = quantize(weight, d.fmt, 1, tile2d=d.tile2d, scale_mode=scale_mode)
-    scales = q.scales.repeat_interleave(16, dim=0) if q.tile_rows == 16 else q.scales
+def _experts(name: str, module: torch.nn.Module, ds: list[Decision], scale_mode: str,
+             activations: str) -> list[QuantizedWeight]:
+    """An experts module's planned 3D parameters, each matched to its decision by shape."""
+    params = {n: p for n, p in module.named_parameters(recurse=False) if p.ndim == 3}
+    out = []
+    for d in ds:
+        matches = [n for n, p in params.items() if d.weight_shape is not None and tuple(p.shape) == d.weight_shape]
+        if len(matches) != 1:
+            raise ValueError(f"autoprec.export: {name!r} GEMM {d.index}: no single expert parameter of shape "
+                             f"{d.weight_shape} among {', '.join(f'{n} {tuple(p.shape)}' for n, p in params.items())}")
+        out.append(_quantized(f"{name}.{matches[0]}", params[matches[0]].detach(), d, scale_mode, activations))
+    return out
+
+
+def _quantized(param: str, weight: torch.Tensor, d: Decision, scale_mode: str, activations: str) -> QuantizedWeight:
+    if d.fmt not in EXPORTED_FORMATS:
+        raise ValueError(f"autoprec.export: {param!r} runs {d.fmt}, which the checkpoint formats cannot say")
     amax = d.input_amax[0] if d.input_amax else None
     if d.fmt == "nvfp4" and activations == "plan" and amax is None:
         raise ValueError(
-            f"autoprec.export: {name!r} runs NVFP4 with a dynamic activation tensor scale (each batch's own amax), "
-            f"which a checkpoint cannot say: its formats carry one static input global scale. Compile with "
-            f"options={{'activation_scale': 'static'}} (the RL phases' default), or export weights only "
-            f"(activations='none')")
-    return QuantizedLinear(name, d.fmt, q.codes.contiguous(), scales.contiguous(), q.tensor_scale,
+            f"autoprec.export: {param.removesuffix('.weight')!r} runs NVFP4 with a dynamic activation tensor scale "
+            f"(each batch's own amax), which a checkpoint cannot say: its formats carry one static input global "
+            f"scale. Compile with options={{'activation_scale': 'static'}} (the RL phases' default), or export "
+            f"weights only (activations='none')")
+    parts = [quantize(w, d.fmt, 1, tile2d=d.tile2d, scale_mode=scale_mode) for w in (
+        weight.unbind(0) if weight.ndim == 3 else [weight])]
+    scales = [q.scales.repeat_interleave(16, dim=0) if q.tile_rows == 16 else q.scales for q in parts]
+    s_dec = None if parts[0].tensor_scale is None else torch.stack([q.tensor_scale for q in parts])
+
+    def joined(ts: list[torch.Tensor]) -> torch.Tensor:
+        return (torch.stack(ts) if weight.ndim == 3 else ts[0]).contiguous()
+
+    return QuantizedWeight(param, d.fmt, joined([q.codes for q in parts]), joined(scales),
+                           None if s_dec is None else (s_dec if weight.ndim == 3 else s_dec[0]),
                            activations == "plan", amax)
