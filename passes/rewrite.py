@@ -18,7 +18,7 @@ from autoprec.kernels.dispatch.grouped_mm import group_count
 from autoprec.kernels.dispatch.grouped_route import grouped_route
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.runner import at_node
-from autoprec.planner.candidates import grouped_config, operand_config
+from autoprec.planner.candidates import grouped_config, operand_spec
 from autoprec.planner.options import CompileOptions
 from autoprec.planner.plan import Decision
 from autoprec.roles import MatmulRole
@@ -69,9 +69,9 @@ def _operand(graph: fx.Graph, x: fx.Node, which: int, d: Decision, info: RoleInf
             cval = val.to(torch.bfloat16)
         cast = _add(graph, prims.convert_element_type.default, (x, torch.bfloat16), {}, meta, cval, tag)
         return [cast, cast, cast]
-    axis, rounding, tile2d = operand_config(d, which, val.ndim, info.grad_operand, info.weight_operand)
-    args = (x, d.fmt, axis, rounding, step.seed(d.seeds[which], rounding), tile2d, opts.mx_scale, d.rht, opts.seed,
-            step.node)
+    spec = operand_spec(d, which, val.ndim, info.grad_operand, info.weight_operand, opts.mx_scale)
+    args = (x, spec.fmt, spec.axis, spec.rounding.value, step.seed(d.seeds[which], spec.rounding), spec.tile2d,
+            spec.scale_rule.value, spec.rht, opts.seed, step.node)
     amax = _static_amax(graph, d, which, val.device, meta, tag)
     args = args if amax is None else (*args, amax)
     with fake:
@@ -156,7 +156,7 @@ def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
     """What makes two GEMMs' 16x16-tiled weight quantizations the same: weight, format, dtype."""
     if info.weight_operand != 1 or info.weight_placeholder is None or d.rht:
         return None
-    if not operand_config(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand)[2]:
+    if not operand_spec(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand).tile2d:
         return None
     return info.weight_placeholder, d.fmt, info.mm.b.meta["val"].dtype
 
@@ -164,7 +164,7 @@ def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
 def _cached_weight(graph: fx.Graph, node: fx.Node, info: RoleInfo, d: Decision, opts: CompileOptions, a: list,
                    b: fx.Node, bias: fx.Node | None, key: str, tag: dict) -> fx.Node:
     """One ``autoprec.scaled_mm_weight`` node: the product with weight ``b`` prepared once per weight version."""
-    b_tiled = operand_config(d, 1, 2, info.grad_operand, info.weight_operand)[2]
+    b_tiled = operand_spec(d, 1, 2, info.grad_operand, info.weight_operand).tile2d
     args = (*a, d.fmt, b, d.fmt, b_tiled, opts.mx_scale, f"{key}|{d.module}|{d.role}|{d.index}", bias,
             node.meta["val"].dtype)
     return add_like(graph, autoprec_ops.scaled_mm_weight.default, args, node, tag)
@@ -215,7 +215,7 @@ def rewrite_matmuls(
                         if info.role is MatmulRole.FPROP and key is not None:
                             shared.setdefault(key, (b, tuple(info.mm.b.meta["val"].shape)))
                     b_ndim = info.mm.b.meta["val"].ndim
-                    b_tiled = operand_config(d, 1, b_ndim, info.grad_operand, info.weight_operand)[2]
+                    b_tiled = operand_spec(d, 1, b_ndim, info.grad_operand, info.weight_operand).tile2d
                     args = (*a, d.fmt, *b, d.fmt, 16 if b_tiled else 1, current(info.mm.bias), node.meta["val"].dtype)
                     out = add_like(graph, autoprec_ops.scaled_mm.default, args, node, tag)
             node.replace_all_uses_with(out)

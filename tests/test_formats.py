@@ -33,3 +33,20 @@ def test_get_format():
         get_format("nvfp8")
     with pytest.raises(TypeError):
         get_format(4)
+
+
+def test_quant_spec_is_one_checked_value_per_operand():
+    """One operand's quantization as one frozen value: names normalized to enums, wrong values named with the
+    valid ones, and the kernels' keyword arguments from it."""
+    from autoprec.quant_spec import QuantSpec, Rounding, ScaleRule
+
+    spec = QuantSpec("NVFP4", 1, "sr", rht=True)
+    assert spec.fmt == "nvfp4" and spec.rounding is Rounding.SR and spec.scale_rule is ScaleRule.RCEIL
+    assert spec == QuantSpec("nvfp4", 1, Rounding.SR, True) and spec.rounding == "sr"
+    assert spec.kwargs() == {"rounding": "sr", "tile2d": False, "scale_mode": "rceil", "rht": True}
+    with pytest.raises(ValueError, match=r"unknown rounding 'sr2'; valid: sr"):
+        QuantSpec("nvfp4", 1, "sr2")
+    with pytest.raises(ValueError, match=r"unknown MX scale rule 'ceil'; valid: rceil"):
+        QuantSpec("mxfp8", 0, scale_rule="ceil")
+    with pytest.raises(ValueError, match="unknown format 'nvfp5'"):
+        QuantSpec("nvfp5", 0)

@@ -6,7 +6,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"autoprec": ROOT / "autoprec", "autoprec.kernels": ROOT / "kernels", "autoprec.passes": ROOT / "passes"}
 LAYERS = [  # lowest first; a module may import its own layer and the ones before it
-    ("autoprec.formats", "autoprec.roles", "autoprec.model_root"),
+    ("autoprec.formats", "autoprec.roles", "autoprec.model_root", "autoprec.quant_spec"),
     ("autoprec.kernels.core",),
     ("autoprec.kernels.reference",),
     ("autoprec.kernels.cpu", "autoprec.kernels.cuda"),

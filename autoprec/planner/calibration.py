@@ -26,7 +26,7 @@ from autoprec.kernels.dispatch.grouped_mm import grouped_mm
 from autoprec.kernels.reference.hadamard import rht_signs
 from autoprec.roles import MatmulRole
 
-from .candidates import Candidate, grouped_config, measured, operand_config
+from .candidates import Candidate, grouped_config, measured, operand_spec
 from .errors import (
     blockable,
     blocked_copy,
@@ -125,15 +125,14 @@ class Calibration:
         cache = {} if cache is None else cache
         keys, tiled = [], []
         for which, x in enumerate((a, b)):
-            axis, rounding, tile2d = operand_config(c, which, x.ndim, tag.grad_operand, tag.weight_operand)
-            key = (which, c.fmt, axis, rounding, tile2d, c.rht)
+            spec = operand_spec(c, which, x.ndim, tag.grad_operand, tag.weight_operand, self.mx_scale)
+            key = (which, spec)
             if key not in cache:  # 16x16 weight tiles tie rows: those are quantized whole, then sampled
-                part = {} if tile2d else sample.part(which, x.ndim)
-                cache[key] = dispatch.quantize(x, c.fmt, axis, rounding=rounding, seed=tag.seeds[which],
-                                               tile2d=tile2d, scale_mode=self.mx_scale, rht=c.rht,
-                                               rht_signs=rht_signs(self.rht_seed), **part)
+                part = {} if spec.tile2d else sample.part(which, x.ndim)
+                cache[key] = dispatch.quantize(x, spec.fmt, spec.axis, seed=tag.seeds[which],
+                                               rht_signs=rht_signs(self.rht_seed), **spec.kwargs(), **part)
             keys.append(key)
-            tiled.append(tile2d)
+            tiled.append(spec.tile2d)
         if sample.whole:
             return scaled_mm(cache[keys[0]], cache[keys[1]], bias)
         for which, key in enumerate(keys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoprec.quant_spec import QuantSpec
 from autoprec.roles import MatmulRole
 
 
@@ -52,15 +53,14 @@ BIASED = {
 }
 
 
-def operand_config(choice, which: int, ndim: int, grad_operand: int | None,
-                   weight_operand: int | None) -> tuple[int, str, bool]:
-    """(block axis, rounding, 16x16 tiles) of operand ``which`` (0 = a, 1 = b) of a GEMM run as
-    ``choice`` (a Candidate or a Decision): blocked along the reduction dim, the choice's rounding
-    on the gradient operand only, tiles on a 2D NVFP4 weight only."""
-    axis = ndim - 1 if which == 0 else ndim - 2
-    rounding = choice.rounding if grad_operand == which else "rne"
-    tile2d = choice.tile2d and choice.fmt == "nvfp4" and weight_operand == which and ndim == 2
-    return axis, rounding, tile2d
+def operand_spec(choice, which: int, ndim: int, grad_operand: int | None, weight_operand: int | None,
+                 scale_rule: str = "rceil") -> QuantSpec:
+    """How operand ``which`` (0 = a, 1 = b) of a GEMM run as ``choice`` (a Candidate or a Decision) is quantized:
+    blocked along the reduction dim, the choice's rounding on the gradient operand only, tiles on a 2D NVFP4 weight
+    only, the RHT on both operands where the choice has it."""
+    return QuantSpec(choice.fmt, ndim - 1 if which == 0 else ndim - 2,
+                     choice.rounding if grad_operand == which else "rne", choice.rht,
+                     choice.tile2d and choice.fmt == "nvfp4" and weight_operand == which and ndim == 2, scale_rule)
 
 
 def measured(role: MatmulRole, has_weight: bool, measure: str = "eligible") -> tuple[Candidate, ...]:
@@ -79,5 +79,5 @@ def eligible(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
 def grouped_config(choice, grad_operand: int | None, weight_operand: int | None) -> dict:
     """``grouped.grouped_mm``'s per-operand options for a grouped GEMM run as ``choice``: each group is a
     2D product, so the dense rules apply group by group (16x16 tiles on each expert's weight)."""
-    (_, ra, _), (_, rb, tile2d_b) = (operand_config(choice, w, 2, grad_operand, weight_operand) for w in (0, 1))
-    return {"rounding_a": ra, "rounding_b": rb, "tile2d_b": tile2d_b, "rht": choice.rht}
+    a, b = (operand_spec(choice, w, 2, grad_operand, weight_operand) for w in (0, 1))
+    return {"rounding_a": a.rounding.value, "rounding_b": b.rounding.value, "tile2d_b": b.tile2d, "rht": choice.rht}

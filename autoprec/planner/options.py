@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.formats import closest
+from autoprec.quant_spec import ScaleRule, values
 
 from .cost import HARDWARE
 from .overrides import parse_rules
@@ -17,7 +18,7 @@ PHASES = ("pretrain", "rl_sampler", "rl_trainer", "rl")
 RL_PHASES = PHASES[1:]
 ACTIVATION_SCALES = ("dynamic", "static")
 INNER = ("aot_eager", "inductor")
-SCALE_MODES = ("rceil", "floor")
+SCALE_MODES = values(ScaleRule)
 COSTS = ("roofline", "at_scale")
 MEASURES = ("eligible", "all")
 REFERENCE_KEYS = ("d_model", "ffn", "tokens", "seq")

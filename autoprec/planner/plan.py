@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from autoprec.formats import FORMATS, get_format
+from autoprec.quant_spec import Rounding, values
 from autoprec.roles import MatmulRole
 
 from .cost import HARDWARE, get_hardware
 
 SCHEMA_VERSION = 4  # 2 added weight_shape, 3 groups / group_tokens, 4 input_amax; older files still load
 READABLE_VERSIONS = (1, 2, 3, 4)
-ROUNDINGS = ("rne", "sr")
 REQUIRED = ("site", "module", "role", "shape", "batch", "fmt")
 
 
@@ -40,7 +40,7 @@ FIELD_RULES = {
     "batch": (lambda v: v is None or isinstance(v, (str, int)), "a size or null"),
     "fmt": (lambda v: v in FORMATS, f"one of {', '.join(FORMATS)}"),
     "index": (is_int, "an int"),
-    "rounding": (lambda v: v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}"),
+    "rounding": (lambda v: v in values(Rounding), f"one of {', '.join(values(Rounding))}"),
     "rht": (lambda v: isinstance(v, bool), "true or false"),
     "tile2d": (lambda v: isinstance(v, bool), "true or false"),
     "reason": (lambda v: isinstance(v, str), "a string"),

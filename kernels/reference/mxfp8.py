@@ -8,11 +8,12 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import MXFP8, MXFP8_E5M2, ElementType, Format
+from autoprec.quant_spec import ScaleRule, values
 
 from ..core.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis, reference_core
 from .rounding import e8m0_decode, e8m0_floor, e8m0_rceil, pow2, round_to_element
 
-SCALE_MODES = ("rceil", "floor")
+SCALE_MODES = values(ScaleRule)
 MX_BLOCK = MXFP8.block_size
 E8M0_NAN = 255
 

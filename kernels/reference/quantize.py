@@ -4,13 +4,14 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import BF16, NVFP4, Format, get_format
+from autoprec.quant_spec import Rounding, values
 
 from ..core.quantized import QuantizedTensor, check_blocks
 from ..core.random_bits import sr_bits
 from .mxfp8 import check_mx_format, dequantize_mxfp8_ref, quantize_mxfp8_ref
 from .nvfp4 import dequantize_nvfp4_ref, quantize_nvfp4_ref
 
-ROUNDINGS = ("rne", "sr")
+ROUNDINGS = values(Rounding)
 
 
 def check_rounding(rounding: str) -> None:
