@@ -122,6 +122,7 @@ def main() -> None:
         tile = None if "both" in name else getattr(module, f"_{fmt}{kind}_kernel").best_config  # both: two kernels
         chosen = f"  {tile.kwargs['BR']}x{tile.kwargs['BK']}/{tile.num_warps}" if tile is not None else ""
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%{chosen}")
+    inductor_reference(rig, x, cases[:1] if rig.dry else [cases[i] for i in (0, 1, 4, 5, 6)], args.hbm_tbs)
 
     for m, nn_, k in rig.matmul_shapes + ((n, n, n),):
         matmuls(rig, m, nn_, k, args.bf16_tflops)
@@ -132,6 +133,27 @@ def main() -> None:
     grouped_quantize(rig, args.hbm_tbs)
     if not args.no_step:
         training_step(rig, args.layers, args.compile == "blocks", args.profile, args.graphs)
+
+
+def inductor_reference(rig: Rig, x: torch.Tensor, cases: list, hbm_tbs: float) -> None:
+    """Each single quantization again as the bit-exact reference compiled by inductor (``AUTOPREC_KERNELS=
+    ref_inductor``: inductor's own fused Triton), against the hand-written kernel: which one dispatch should take,
+    measured before more kernels are written: rows and columns of both formats and NVFP4's SR + RHT copy on a GPU,
+    the first case only in a dry run (inductor's CPU compiles are slow)."""
+    from autoprec.kernels import quantize
+
+    print(f"{'quantize, inductor reference':<28}{'ms':>9}{'GB/s':>9}{'% HBM':>8}  against the Triton kernel")
+    for name, kw in cases:
+        triton_ms = rig.bench(lambda kw=kw: quantize(x, **kw))
+        previous = os.environ.get("AUTOPREC_KERNELS")
+        os.environ["AUTOPREC_KERNELS"] = "ref_inductor"
+        try:
+            out, ms = rig.output_and_ms(lambda kw=kw: [quantize(x, **kw)])
+        finally:
+            os.environ["AUTOPREC_KERNELS"] = previous if previous is not None else "auto"
+        gbs = (x.nbytes + sum(q.codes.nbytes + q.scales.nbytes for q in out)) / ms / 1e6
+        print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (hbm_tbs * 1e3):>7.0f}%  {triton_ms / ms:.2f}x the "
+              f"Triton kernel's speed")
 
 
 def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:

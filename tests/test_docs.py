@@ -116,3 +116,11 @@ def test_documented_long_commands_run(command, tmp_path):
 @pytest.mark.parametrize("command", sorted({c for _, c in commands() if coverage(c) == GPU}))
 def test_documented_gpu_commands_run(command, tmp_path):
     run_shell(command, tmp_path)
+
+
+def test_paths_named_in_the_docs_exist():
+    """Every repository path the pages name in backticks (a file or folder, possibly with ``::test``) exists."""
+    named = re.compile(r"`((?:kernels|passes|autoprec|examples|benchmarks|tests|scripts|docs)/[\w./-]+)(?:::\w+)?`")
+    missing = [(page.name, path) for page in PAGES for path in named.findall(page.read_text())
+               if not (ROOT / path).exists()]
+    assert missing == []

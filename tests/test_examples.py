@@ -106,12 +106,13 @@ def test_gpu_benchmark_dry_run_prints_every_section_and_row():
     print a failure and go on)."""
     out = run("benchmarks/kernels_gpu.py", "--dry-run", "--no-step", "--sweep")
     assert "failed" not in out, out
-    sections = re.findall(r"^(quantize|matmul|tile sweep|grouped fprop|grouped wgrad|bmm|grouped quantize)\b", out,
-                          re.M)
-    assert sections == ["quantize"] + ["matmul"] * 3 + ["tile sweep", "grouped fprop", "grouped wgrad", "bmm",
-                                                          "grouped quantize"], out
+    sections = re.findall(r"^(quantize, inductor reference|quantize|matmul|tile sweep|grouped fprop|grouped wgrad|bmm|"
+                          r"grouped quantize)\b", out, re.M)
+    assert sections == ["quantize", "quantize, inductor reference"] + ["matmul"] * 3 + [
+        "tile sweep", "grouped fprop", "grouped wgrad", "bmm", "grouped quantize"], out
     rows = timed_rows(out)
-    assert len(rows) == 16 + 3 * 12 + 2 * (8 + 5 + 4) + 2 * 7 + 5 + 9, out
+    assert len(rows) == 16 + 1 + 3 * 12 + 2 * (8 + 5 + 4) + 2 * 7 + 5 + 9, out  # the dry run's one inductor row
+    assert re.search(r"^nvfp4 rows .*x the Triton kernel's speed$", out, re.M), out
     assert {"nvfp4 cols sr + rht", "mxfp8 one read, activation", "nvfp4 both, rne", "nvfp4 one read, rne",
             "autoprec nvfp4 (tensor_core)", "+ quantize x, w", "decoded + cuBLAS", "decoded + Triton GEMM",
             "decoded + Triton TMA GEMM", "nvfp4 dec 128x128x64 w8 s3", "mxfp8 tma 256x128x64 w8 s3",

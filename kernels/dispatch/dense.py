@@ -1,5 +1,5 @@
 """The one place that picks an implementation: Triton on CUDA, the fused C kernels on CPU
-(``cpu_fused``; the reference where they cannot be built, with the reason in ``unavailable_reason()``).
+(``cpu.fused``; the reference where they cannot be built, with the reason in ``unavailable_reason()``).
 
 The block-scaled matmul (``gemm_path``): on sm_100 and later, cuBLAS's native block-scaled GEMM
 (``scaled_mm_native``: ``torch.nn.functional.scaled_mm`` with swizzled scales) where it takes the operands; else
@@ -30,6 +30,7 @@ from ..core.mode import kernel_mode
 from ..core.operand import KERNEL_OUT_DTYPES, Operand, as_operand
 from ..core.quantized import QuantCopy, QuantizedTensor
 from ..core.random_bits import StepStream, sr_bits
+from ..cpu import fused
 from ..cuda.scaled_mm import NATIVE_CAPABILITY, native_problem, scaled_mm_native
 from ..reference.hadamard import rht_ref
 from ..reference.nvfp4 import transpose_tiles_ref
@@ -119,9 +120,7 @@ def quantize(
         raise ValueError(f"quantize(batches=...) needs a 3D tensor, got shape {tuple(x.shape)}")
     part = rows is not None or batches is not None
     if part and rand is None and _use_cpu_fused(x):
-        from ..cpu.fused import quantize_cpu
-
-        return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
+        return fused.quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
                             rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches,
                             amax=amax)
     q = _quantize_whole(x, fmt, axis, rounding, seed, rand, tile2d, scale_mode, rht, rht_signs, amax)
@@ -214,9 +213,7 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
     """One quantization of the whole tensor; only the Triton kernels take a ``StepStream`` as it is (its step
     read on the device), the other paths read its value."""
     if rand is None and _use_cpu_fused(x):
-        from ..cpu.fused import quantize_cpu
-
-        return quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
+        return fused.quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, amax=amax)
     rand = rand if rounding == "sr" else None
     if use_triton(x.device, quantize_supports(x)):
@@ -250,9 +247,7 @@ def _part_of(q: QuantizedTensor, rows: slice | torch.Tensor | None, batches: sli
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
     """fp32 values of ``q``: the fused CPU kernel, else the reference (elementwise, any device)."""
     if _use_cpu_fused(q.codes):
-        from ..cpu.fused import dequantize_cpu
-
-        return dequantize_cpu(q)
+        return fused.dequantize_cpu(q)
     return dequantize_ref(q)
 
 
@@ -261,9 +256,7 @@ def _use_cpu_fused(x: torch.Tensor) -> bool:
     if kernel_mode() != "auto" or x.device.type != "cpu" or x.numel() == 0 or x.dtype not in TRITON_DTYPES + (
             torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
         return False
-    from ..cpu.fused import unavailable_reason
-
-    return unavailable_reason() is None
+    return fused.unavailable_reason() is None
 
 
 def kernel_out_dtype(out_dtype: torch.dtype) -> torch.dtype:
