@@ -7,6 +7,8 @@ import warnings
 import torch
 
 from autoprec.model_root import compiled_regions, holds, named_modules
+from autoprec.planner.front import Front
+from autoprec.planner.front import front as planner_front
 from autoprec.planner.model_planner import (
     PLANNERS,
     defer_state,
@@ -193,3 +195,13 @@ def annotate(module: torch.nn.Module, fmt: str | None = None, *, fprop: str | No
                       f"compiled graph and keep their formats; the annotation applies to graphs compiled from now "
                       f"on (call torch._dynamo.reset() to compile anew, or annotate before the first call)",
                       UserWarning, stacklevel=2)
+
+
+def front(model: torch.nn.Module, points: int = 8) -> Front:
+    """The speed-damage front of a model compiled with recipe ``auto`` after it has calibrated: the solver run
+    again, from the same measurements, at ``points`` projected at-scale speedups from 1x to the fastest it reaches.
+    ``print`` it, or ``.plot("front.png")``; compile again with ``target_speedup`` set to the point you pick."""
+    _, planners, _ = _model_plans(model)
+    if not planners:
+        plan(model)  # raises, saying what to do
+    return planner_front(planners[-1], points)
