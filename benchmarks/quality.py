@@ -1,12 +1,13 @@
 """Quality vs projected speed: each recipe trained on the same models, seeds and data, paired against BF16.
 
-    OMP_NUM_THREADS=1 python benchmarks/quality.py [--models gpt,llama] [--seeds 3] [--steps 400] [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/quality.py [--models gpt,llama] [--seeds 6] [--steps 400] [--quick]
 
 Protocol (the defaults): a GPT (LayerNorm, GELU) and a Llama-style model (RMSNorm, SwiGLU, RoPE), 4 layers,
 d=128, ctx 128, batch 32, 400 steps of AdamW (betas 0.9 / 0.95, weight decay 0.1) with linear warmup and
 cosine decay, gradient clipping at 1.0, on the bytes of the Python stdlib. Every seed fixes the init and
 the data order, the same for every recipe. The validation loss is the mean over 20 fixed held-out batches
-in eval mode (no_grad: the plan's forward numerics). Per recipe: the paired gap to BF16 in % (mean ±
+in eval mode (no_grad: the plan's forward numerics), measured at 4 checkpoints over the last quarter of training
+and averaged, over 6 paired seeds. Per recipe: the paired gap to BF16 in % (mean ±
 standard error over seeds), the projected speedups (roofline at the traced shapes; at scale, at TE's
 measured rates on a 4096-wide model), the NVFP4 FLOP share, CPU seconds per step; for every auto row, its
 paired difference to each fixed recipe in standard errors; and every row's predicted damage: the mean
@@ -106,8 +107,9 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, args))
     stream = Batches(train, args.ctx, args.batch, seed=seed)
     task = progress.add_task(f"{family} {name} seed {seed}", total=args.steps)
-    losses, times = [], []
-    for _ in range(args.steps):
+    losses, times, val_losses = [], [], []
+    checkpoints = validation_steps(args.steps, args.checkpoints)
+    for step in range(1, args.steps + 1):
         start = time.perf_counter()
         loss = compiled(*stream.next())
         loss.backward()
@@ -118,10 +120,9 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
         progress.advance(task)
-    model.eval()
-    held_out = Batches(val, args.ctx, args.batch, seed=10_000)
-    with torch.no_grad():
-        val_loss = sum(compiled(*held_out.next()).item() for _ in range(args.val_batches)) / args.val_batches
+        if step in checkpoints:
+            val_losses.append(validation_loss(model, compiled, val, args))
+    val_loss = sum(val_losses) / len(val_losses)
     plan = autoprec.plan(compiled)
     state = planners_of(model)[-1]
     stats = state.calibration.stats if state.calibration else {}
@@ -129,7 +130,8 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
                for k, by_cand in stats.items()}
     steady = times[3:] or times
     return {
-        "model": family, "recipe": name, "seed": seed, "val_loss": val_loss, "losses": losses,
+        "model": family, "recipe": name, "seed": seed, "val_loss": val_loss, "val_losses": val_losses,
+        "val_steps": sorted(checkpoints), "losses": losses,
         "speedup": plan.projected_speedup(), "at_scale": plan.projected_speedup(at_scale=True),
         "nvfp4_share": plan.flop_share().get("nvfp4", 0.0), "sec_per_step": sum(steady) / len(steady),
         "formats": [(d.module, str(d.role), d.fmt) for d in plan.decisions],
@@ -137,6 +139,24 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
                     for d in plan.decisions},
         "damage_table": damages,  # auto rows: every measured candidate's damage, per GEMM
     }
+
+
+def validation_steps(steps: int, checkpoints: int) -> set[int]:
+    """The steps after which the validation loss is measured: ``checkpoints`` evenly spaced over the last quarter of
+    training, the last step included. Their mean is what the gaps compare: one checkpoint's loss moves with the
+    last few batches, an average over the quarter does much less."""
+    first = steps - steps / 4
+    return {max(1, round(first + (steps - first) * (i + 1) / checkpoints)) for i in range(checkpoints)}
+
+
+def validation_loss(model: torch.nn.Module, compiled, val, args) -> float:
+    """The mean loss over ``args.val_batches`` fixed held-out batches, in eval mode (the plan's forward)."""
+    model.eval()
+    held_out = Batches(val, args.ctx, args.batch, seed=10_000)
+    with torch.no_grad():
+        loss = sum(compiled(*held_out.next()).item() for _ in range(args.val_batches)) / args.val_batches
+    model.train()
+    return loss
 
 
 def predicted_damage(results: list[dict], row: dict) -> float | None:
@@ -255,9 +275,11 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--val-batches", type=int, default=20)
+    parser.add_argument("--checkpoints", type=int, default=4,
+                        help="validation checkpoints over the last quarter of training; the gaps compare their mean")
     parser.add_argument("--recipes", default=",".join(DEFAULT_ROWS))
     parser.add_argument("--moe", type=int, default=0, help="experts per MoE MLP of the GPT (0: dense MLPs)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 2 seeds")

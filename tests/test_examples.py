@@ -69,6 +69,8 @@ def test_quality_benchmark_writes_its_table_and_json(tmp_path):
     rows = {(r["model"], r["recipe"], r["seed"]): r for r in data["results"]}
     assert len(rows) == 2 * 4 * 2 and rows[("gpt", "nvfp4", 0)]["nvfp4_share"] > 0.9
     assert math.isfinite(rows[("llama", auto, 1)]["val_loss"])
+    bf16 = rows[("gpt", "bf16", 0)]  # the validation loss: the mean of the last quarter's checkpoints
+    assert bf16["val_steps"] == [2, 3] and bf16["val_loss"] == sum(bf16["val_losses"]) / 2
     assert rows[("llama", "bf16", 1)]["at_scale"] == 1.0 and len(rows[("gpt", auto, 0)]["losses"]) == 3
     assert rows[("gpt", auto, 0)]["damage_table"] and "pred. damage" in out
     nvfp4 = next(line for line in out.splitlines() if line.startswith("nvfp4 "))
