@@ -19,10 +19,11 @@ ACTIVATIONS = ("plan", "none")
 def export(model: torch.nn.Module, directory: str | Path, format: str = "compressed-tensors",
            activations: str = "plan") -> Path:
     """Writes ``model`` (compiled with ``backend="autoprec"`` and called at least once) to ``directory`` as a
-    Hugging Face checkpoint in which every Linear holds its planned **fprop** format: config.json (the model's
-    own config with a ``quantization_config``), model.safetensors and a README.md saying what the format could not
-    carry. ``activations="none"`` writes weights only (the input left unquantized). Raises ``ValueError``, naming the
-    module, where the plan cannot be written faithfully."""
+    Hugging Face checkpoint in which every Linear and experts projection holds its planned **fprop** format, under
+    the names the model's own checkpoints use: config.json (the model's own config with a ``quantization_config``),
+    model.safetensors and a README.md saying what the format could not carry. ``activations="none"`` writes weights
+    only (the input left unquantized). Raises ``ValueError``, naming the module, where the plan cannot be written
+    faithfully."""
     if format not in FORMATS:
         raise ValueError(f"autoprec.export: format {format!r} is not one of {', '.join(FORMATS)}")
     if activations not in ACTIVATIONS:
