@@ -9,10 +9,10 @@ from autoprec.planner.front import Front
 from gpt_model import TinyGPT, tokens
 
 
-def calibrated(recipe: str = "auto") -> torch.nn.Module:
+def calibrated(recipe: str = "auto", **options) -> torch.nn.Module:
     torch.manual_seed(0)
     model = TinyGPT(vocab=64, d=64, layers=2, heads=2, ctx=32)
-    compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe})
+    compiled = torch.compile(model, backend="autoprec", options={"recipe": recipe, **options})
     compiled(*tokens(batch=8, ctx=32, vocab=64)).backward()
     return compiled
 
@@ -32,6 +32,14 @@ def test_front_trades_damage_for_speed_from_one_calibration(tmp_path):
     assert str(front).splitlines()[0].split()[:3] == ["target", "at", "scale"]
     front.plot(str(tmp_path / "front.png"))
     assert (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_front_keeps_what_the_options_force():
+    """Overrides are checked against the model's module tree, as at compile time (a rule may name a module that
+    runs no GEMM itself, a LayerNorm), and the GEMMs they force stay BF16 at every point of the front."""
+    compiled = calibrated(overrides={"blocks.0.*": {"fprop": "bf16"}, "blocks.0.ln1": {"fprop": "bf16"}})
+    front = autoprec.front(compiled, points=3)
+    assert len(front.points) >= 2 and all(p.shares.get("bf16", 0) > 0.2 for p in front.points)
 
 
 def test_front_needs_an_auto_calibration():

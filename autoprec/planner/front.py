@@ -86,10 +86,7 @@ def front(planner: ModelPlanner, points: int = 8) -> Front:
 
 
 def _assigner(planner: ModelPlanner, target: float | None) -> Assigner:
-    opts = replace(planner.opts, cost="at_scale", target_speedup=target)
-    assigner = Assigner(opts, planner.calibration, sorted({s.module for s in planner.specs.values()}))
-    assigner.set_specs(list(planner.specs.values()))
-    return assigner
+    return planner.assigner_with(replace(planner.opts, cost="at_scale", target_speedup=target))
 
 
 def _point(planner: ModelPlanner, specs: list, free: list, target: float) -> FrontPoint:

@@ -83,6 +83,15 @@ class ModelPlanner:
         self.calls += 1
         return self.calls
 
+    def assigner_with(self, opts: CompileOptions) -> Assigner:
+        """An assigner over this model's calibration, module names and GEMMs under ``opts`` (a re-calibrated plan's
+        options, or the front's targets)."""
+        names = self._module_names
+        assigner = Assigner(opts, self.calibration,
+                            names if names is not None else sorted({s.module for s in self.specs.values()}))
+        assigner.set_specs(list(self.specs.values()))
+        return assigner
+
     def assigner(self, specs: list[GemmSpec]) -> Assigner:
         """The assigner; without a root module, checked against the first graph's module paths."""
         if self._assigner is None:
@@ -149,7 +158,7 @@ class ModelPlanner:
         self.recalibrated.append(self.train_steps)
         self.opts = self.requested  # a plan restored from a checkpoint ran until now
         if self._module_names is not None:
-            self._assigner = Assigner(self.opts, self.calibration, self._module_names)
+            self._assigner = self.assigner_with(self.opts)
         self.calibration.restart()
         self.decisions.clear()
         self._staged.clear()
