@@ -6,7 +6,7 @@ import torch
 
 from ..core.quantized import QuantizedTensor
 from .batched import batched_scaled_mm
-from .dense import dequantize, kernel_out_dtype, quantize
+from .dense import dequantize, quantize
 from .dense import scaled_mm as dense_scaled_mm
 
 
@@ -18,11 +18,8 @@ def scaled_mm(
 ) -> torch.Tensor:
     """``a @ b (+ bias)`` for a (M, K) and b (K, N), each blocked along K, or batches of them (B, M, K) x
     (B, K, N); either may be a plain bfloat16 tensor. Accumulates in fp32 and rounds once to ``out_dtype``."""
-    if len(a.shape) != 3:
-        return dense_scaled_mm(a, b, bias, out_dtype)
-    if kernel_out_dtype(out_dtype) != out_dtype:
-        return batched_scaled_mm(a, b, bias, torch.float32).to(out_dtype)
-    return batched_scaled_mm(a, b, bias, out_dtype)
+    route = batched_scaled_mm if len(a.shape) == 3 else dense_scaled_mm
+    return route(a, b, bias, out_dtype)
 
 
 __all__ = ["dequantize", "quantize", "scaled_mm"]

@@ -27,7 +27,9 @@ Batched = QuantizedTensor | torch.Tensor
 def batched_scaled_mm(a: Batched, b: Batched, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """``a @ b (+ bias)`` for a (B, M, K) blocked along K and b (B, K, N) blocked along K (either may be plain
     bfloat16): fp32 accumulation, bias added in fp32, one rounding to ``out_dtype`` (module doc for where each
-    runs)."""
+    runs; an ``out_dtype`` the kernels do not write, float16, is their fp32 product rounded once)."""
+    if dispatch.kernel_out_dtype(out_dtype) != out_dtype:
+        return batched_scaled_mm(a, b, bias, torch.float32).to(out_dtype)
     (batch, m, k), (n,) = _check(a, b, bias)
     device = (a.codes if isinstance(a, QuantizedTensor) else a).device
     if not dispatch.use_triton(device, None) or 0 in (batch, m, k, n):
