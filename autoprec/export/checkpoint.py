@@ -30,43 +30,51 @@ def assemble(ep: ExportPlan, format: str) -> Checkpoint:
     model, write = ep.root, formats.ct_tensors if format == "compressed-tensors" else formats.modelopt_tensors
     quantized = {q.param: q for q in ep.weights}
     state = model.state_dict()
-    owners: dict[tuple, list[str]] = {}
+    owners: dict[tuple, list[str]] = {}  # tied weights share storage and shape
     for name, t in state.items():
         owners.setdefault((t.data_ptr(), tuple(t.shape)), []).append(name)
-    untied = [quantized[n].module for names in owners.values() if len(names) > 1 for n in names if n in quantized]
-    plain, written = {}, set()
-    for name, t in state.items():
-        key = (t.data_ptr(), tuple(t.shape))
-        if name not in quantized and key not in written:
-            written.add(key)
-            plain[name] = t.detach().cpu().contiguous().clone()
+    plain, untied = {}, []
+    for names in owners.values():
+        rest = [n for n in names if n not in quantized]
+        if rest:
+            plain[rest[0]] = state[rest[0]].detach().cpu().contiguous().clone()
+        if len(names) > 1:
+            untied += [quantized[n].module for n in names if n in quantized]
     tensors = checkpoint_names(model, plain)
-    modules: dict[str, tuple[str, bool]] = {}
+    schemes: dict[tuple[str, bool], list[QuantizedWeight]] = {}
     for q in ep.weights:
-        for suffix, value in write(q).items():
-            for module, piece in _named_parts(model, q, value, suffix in formats.SCALARS).items():
-                shape = formats.SCALARS.get(suffix)
+        schemes.setdefault((q.fmt, q.activations), []).append(q)
+    modules: dict[str, tuple[str, bool]] = {}
+    for scheme, weights in schemes.items():  # one renaming per scheme and part: the modules of its keys take it
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        for q in weights:
+            for suffix, value in write(q).items():
+                parts.setdefault(suffix, {})[q.param] = _spread(q, value) if suffix in formats.SCALARS else value
+        for suffix, values in parts.items():
+            shape = formats.SCALARS.get(suffix)
+            for module, piece in _by_module(model, values).items():
                 tensors[f"{module}.{suffix}"] = piece.reshape(-1)[:1].reshape(shape) if shape is not None else piece
-                modules[module] = (q.fmt, q.activations)
-    kept = [module for name in ep.kept
-            for module in _named_parts(model, None, state[f"{name}.weight"], False, f"{name}.weight")]
+                modules[module] = scheme
+    kept = list(_by_module(model, {f"{name}.weight": state[f"{name}.weight"] for name in ep.kept}))
     return Checkpoint(tensors, modules, kept, untied)
 
 
-def _named_parts(model: torch.nn.Module, q: QuantizedWeight | None, value: torch.Tensor, scalar: bool,
-                 param: str | None = None) -> dict[str, torch.Tensor]:
-    """``value`` (a part of ``q``'s weight, or a per-module scalar: one per expert) split as the checkpoint
-    splits the weight, by checkpoint module name."""
-    param = param or q.param
-    if scalar:  # spread over the weight's rows, so the checkpoint's splits carry it to every module
-        rows = q.codes.shape[:-1] + (1,)
-        value = value.reshape(value.shape + (1,) * (len(rows) - value.ndim)).expand(rows)
+def _spread(q: QuantizedWeight, value: torch.Tensor) -> torch.Tensor:
+    """A per-module scalar of ``q`` (one per expert) spread over its weight's rows, so that the checkpoint's splits
+    of the weight carry it to every module they make."""
+    rows = q.codes.shape[:-1] + (1,)
+    return value.reshape(value.shape + (1,) * (len(rows) - value.ndim)).expand(rows)
+
+
+def _by_module(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights`` (parts of weight parameters, by the parameters' names in ``model``) split and named as the
+    checkpoint splits and names the weights, by checkpoint module name."""
     out = {}
-    for key, piece in checkpoint_names(model, {param: value}).items():
+    for key, piece in checkpoint_names(model, weights).items():
         if not key.endswith(".weight"):
-            raise ValueError(f"autoprec.export: {param!r} is written as {key!r} in the model's checkpoints, not as a "
-                             f"module's weight")
-        out[key.removesuffix(".weight")] = piece.contiguous()
+            raise ValueError(f"autoprec.export: a planned weight is written as {key!r} in the model's checkpoints, "
+                             f"not as a module's weight")
+        out[key.removesuffix(".weight")] = piece
     return out
 
 
