@@ -11,6 +11,7 @@ from autoprec.planner.front import Front
 from autoprec.planner.front import front as planner_front
 from autoprec.planner.model_planner import (
     PLANNERS,
+    ModelPlanner,
     defer_state,
     enclosing_planners,
     planned_module_ids,
@@ -35,6 +36,16 @@ def _model_plans(model: torch.nn.Module) -> tuple[torch.nn.Module, list, list[st
     note = (f"this {type(root).__name__} is part of a {type(states[-1].model).__name__} compiled module by module "
             "(regional compilation): these are that model's plan and names")
     return states[-1].model, states, [note]
+
+
+def model_planner(model: torch.nn.Module, caller: str) -> ModelPlanner:
+    """The planner of a compiled model (or of the model a compiled block belongs to); ``caller`` names who asks in
+    the error for a model no compiled graph planned."""
+    root, planners, _ = _model_plans(model)
+    if not planners:
+        raise ValueError(f"{caller}: no autoprec plan for this {type(root).__name__}: compile it with "
+                         f"backend='autoprec' and call it once (a model dynamo ran eagerly has no plan)")
+    return planners[-1]
 
 
 def plan(model: torch.nn.Module, stage: int | None = None, *, phase: int | None = None) -> Plan:
@@ -201,7 +212,4 @@ def front(model: torch.nn.Module, points: int = 8) -> Front:
     """The speed-damage front of a model compiled with recipe ``auto`` after it has calibrated: the solver run
     again, from the same measurements, at ``points`` projected at-scale speedups from 1x to the fastest it reaches.
     ``print`` it, or ``.plot("front.png")``; compile again with ``target_speedup`` set to the point you pick."""
-    _, planners, _ = _model_plans(model)
-    if not planners:
-        plan(model)  # raises, saying what to do
-    return planner_front(planners[-1], points)
+    return planner_front(model_planner(model, "autoprec.front"), points)

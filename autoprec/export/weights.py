@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autoprec.api import _model_plans, plan
+from autoprec.api import model_planner, plan
 from autoprec.formats import get_format
 from autoprec.kernels import dequantize, quantize
 from autoprec.kernels.core.quantized import QuantizedTensor
@@ -68,14 +68,13 @@ class ExportPlan:
 def export_plan(model: torch.nn.Module, activations: str) -> ExportPlan:
     """The export of ``model``'s current plan. ``activations``: ``"plan"`` (activation formats as the plan
     quantizes them) or ``"none"`` (weights only)."""
-    root, planners, _ = _model_plans(model)
-    if not planners:
-        plan(model)  # raises, naming what to do
+    planner = model_planner(model, "autoprec.export")
+    root = planner.model
     fprops: dict[str, list[Decision]] = {}
     for d in plan(model).decisions:
         if d.role is MatmulRole.FPROP:
             fprops.setdefault(d.module, []).append(d)
-    scale_mode = planners[-1].opts.mx_scale
+    scale_mode = planner.opts.mx_scale
     weights, kept, notes, seen = [], [], [], set()
     for name, module in root.named_modules():
         ds = [d for d in fprops.get(name, []) if d.fmt != "bf16" and d.rewritten]
