@@ -172,6 +172,14 @@ def short_reason(reason: str) -> str:
     return re.sub(r" \([^()]*\)", "", reason.split("; ")[0])
 
 
+def _cells(d: "Decision") -> dict[str, str]:
+    """Every cell a plan table can show for ``d``, by ``COLUMNS`` name."""
+    return {"site": str(d.site), "module": d.module or "<root>", "role": str(d.role), "MxNxK": d.mnk,
+            "format": d.fmt + (" 16x16" if d.tile2d else ""), "rounding": d.rounding if d.fmt != "bf16" else "-",
+            "RHT": "yes" if d.rht else "-", "err": _score(d.err), "bias": _score(d.bias), "loss": _score(d.loss),
+            "graphs": ",".join(d.graphs) or "-", "reason": d.reason}
+
+
 def _fit(text: str, width: int, keep_end: bool = False) -> str:
     """``text`` cut to ``width`` characters with an ellipsis (at the start where its end matters more)."""
     if len(text) <= width:
@@ -199,12 +207,19 @@ class Plan:
     reference: str = ""  # the at-scale projection's reference shapes and rates
 
     def rows(self) -> list[tuple[str, ...]]:
-        return [
-            (str(d.site), d.module or "<root>", str(d.role), d.mnk, d.fmt + (" 16x16" if d.tile2d else ""),
-             d.rounding if d.fmt != "bf16" else "-", "yes" if d.rht else "-", _score(d.err), _score(d.bias),
-             _score(d.loss), ",".join(d.graphs) or "-", d.reason)
-            for d in self.decisions
-        ]
+        """Every decision's cells in ``COLUMNS`` order (the full table)."""
+        return [tuple(_cells(d)[c] for c in COLUMNS) for d in self.decisions]
+
+    def short_rows(self) -> list[tuple[str, ...]]:
+        """Every decision's cells in ``SHORT_COLUMNS`` order: a module's later GEMMs of a role marked ``#n``, the
+        reason's first clause."""
+        out = []
+        for d in self.decisions:
+            cells = _cells(d)
+            cells.update(role=cells["role"] + (f"#{d.index}" if d.index else ""), round=cells["rounding"],
+                         reason=short_reason(d.reason))
+            out.append(tuple(cells[c] for c in SHORT_COLUMNS))
+        return out
 
     def experts_lines(self) -> list[str]:
         """One line per experts module: its expert count and the tokens each expert saw in calibration."""
@@ -294,9 +309,7 @@ class Plan:
             console = Console(record=True, width=100_000, file=io.StringIO(), color_system=None)
             console.print(table)
             return "\n".join(line.rstrip() for line in console.export_text().splitlines())
-        rows = [(d.module or "<root>", str(d.role) + (f"#{d.index}" if d.index else ""), d.mnk,
-                 d.fmt + (" 16x16" if d.tile2d else ""), d.rounding if d.fmt != "bf16" else "-",
-                 "yes" if d.rht else "-", ",".join(d.graphs) or "-", short_reason(d.reason)) for d in self.decisions]
+        rows = self.short_rows()
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(SHORT_COLUMNS[:-1])]
         spare = WIDTH - sum(widths) - 2 * len(widths)
         if spare < MIN_REASON:  # long module paths give way, their ends kept
