@@ -36,9 +36,10 @@ def weight_differences(sampler: torch.nn.Module, loaded: torch.nn.Module) -> tup
     return len(linears), equal / total, worst
 
 
-def modelopt_against_compressed_tensors(out: Path) -> tuple[int, list[str]]:
-    """The ModelOpt export converted by compressed-tensors' ModelOpt NVFP4 converter, tensor by tensor against the
-    compressed-tensors export: (how many are bit-identical, the names of those that are not)."""
+def modelopt_against_compressed_tensors(out: Path) -> tuple[dict, dict, list[str]]:
+    """The ModelOpt export under ``out`` converted by compressed-tensors' ModelOpt NVFP4 converter, the
+    compressed-tensors export beside it, and the names of the latter's tensors the conversion does not give bit for
+    bit (fp8 compared by its bytes, a 0-d scale like its [1] form)."""
     import json
 
     from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import ModelOptNvfp4Converter
@@ -48,12 +49,13 @@ def modelopt_against_compressed_tensors(out: Path) -> tuple[int, list[str]]:
     nvfp4 = [name for name, spec in layers.items() if spec["quant_algo"] == "NVFP4"]
     converted = ModelOptNvfp4Converter(targets=nvfp4).process(load_file(out / "modelopt" / "model.safetensors"))
     reference = load_file(out / "compressed-tensors" / "model.safetensors")
-    def bits(t: torch.Tensor) -> torch.Tensor:  # fp8 compared by its bytes; a 0-d scale like its [1] form
+
+    def bits(t: torch.Tensor) -> torch.Tensor:
         return (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).reshape(-1)
 
     differ = sorted(k for k in reference
                     if k not in converted or not torch.equal(bits(converted[k]), bits(reference[k])))
-    return len(reference) - len(differ), differ
+    return converted, reference, differ
 
 
 def main() -> None:
@@ -79,8 +81,9 @@ def main() -> None:
     n, share, worst = weight_differences(sampler, loaded)
     print(f"compressed-tensors, loaded by transformers: {n} quantized weights, {100 * share:.2f}% of their elements "
           f"equal autoprec's rounded to bf16, largest relative difference {worst:.2e}")
-    same, differ = modelopt_against_compressed_tensors(out)
-    print(f"modelopt, converted by compressed-tensors: {same} tensors bit-identical to the compressed-tensors export; "
+    _, reference, differ = modelopt_against_compressed_tensors(out)
+    print(f"modelopt, converted by compressed-tensors: {len(reference) - len(differ)} tensors bit-identical to the "
+          f"compressed-tensors export; "
           f"not: {', '.join(differ) or 'none'}")
     with torch.no_grad():
         mine = sampler(ids, attention_mask=mask).logits.float()

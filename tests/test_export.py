@@ -14,8 +14,8 @@ import torch
 pytest.importorskip("compressed_tensors")
 pytest.importorskip("transformers")
 from compressed_tensors.compressors import BaseCompressor  # noqa: E402
-from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import ModelOptNvfp4Converter  # noqa: E402
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
+from export_sampler import modelopt_against_compressed_tensors  # noqa: E402
 from rollouts import compile_sampler, prompts, sample, tiny_model  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -63,7 +63,8 @@ def llama(tmp_path_factory):
     """A Llama sampler under nvfp4 exported both ways."""
     policy, sampler, batch = planned_sampler("llama", "nvfp4")
     out = tmp_path_factory.mktemp("llama")
-    ct, mo = autoprec.export(sampler, out / "ct"), autoprec.export(sampler, out / "mo", format="modelopt")
+    ct = autoprec.export(sampler, out / "compressed-tensors")  # the example's layout (modelopt_against_...)
+    mo = autoprec.export(sampler, out / "modelopt", format="modelopt")
     return policy, sampler, batch, ct, mo
 
 
@@ -111,15 +112,8 @@ def test_modelopt_export_converts_to_the_compressed_tensors_one(llama):
     hf = json.loads((mo / "hf_quant_config.json").read_text())["quantization"]
     assert hf["quant_algo"] == "MIXED_PRECISION" and hf["exclude_modules"] == []
     assert all(v == {"quant_algo": "NVFP4", "group_size": 16} for v in hf["quantized_layers"].values())
-    converter = ModelOptNvfp4Converter(targets=list(hf["quantized_layers"]))
-    converted = converter.process(load_file(mo / "model.safetensors"))
-    reference = load_file(ct / "model.safetensors")
+    converted, reference, differ = modelopt_against_compressed_tensors(ct.parent)
     assert set(converted) == set(reference)
-
-    def bits(t: torch.Tensor) -> torch.Tensor:
-        return (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).reshape(-1)
-
-    differ = [k for k in reference if not torch.equal(bits(converted[k]), bits(reference[k]))]
     assert all(k.endswith(".input_global_scale") for k in differ)
     for k in differ:  # no fp32 value's reciprocal is the encoding scale: one unit in the last place off
         assert torch.nextafter(reference[k], converted[k].reshape(1)) == converted[k].reshape(1)
