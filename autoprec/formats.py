@@ -47,7 +47,7 @@ E5M2 = ElementType("e5m2", ebits=5, mbits=2, bias=15, max=57344.0, torch_dtype=t
 
 @dataclass(frozen=True)
 class ScaleType:
-    """A block-scale type: E4M3 (NVFP4) or the power-of-two E8M0 (MX), code 255 = NaN."""
+    """A block-scale type: E4M3 (NVFP4), the power-of-two E8M0 (MX; code 255 = NaN) or fp32 (FP8 block scaling)."""
 
     name: str
     bits: int
@@ -55,6 +55,7 @@ class ScaleType:
 
 E4M3_SCALE = ScaleType("e4m3", 8)
 E8M0 = ScaleType("e8m0", 8)
+FP32_SCALE = ScaleType("fp32", 32)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Format:
     scale: ScaleType | None
     elem_bits: int
     tensor_scale_bits: int
+    tile: int = 0  # side of the square tiles a weight may take (one scale per tile); 0: 1-D blocks only
 
     @property
     def bits_per_value(self) -> float:
@@ -94,6 +96,7 @@ class NVFP4Format(Format):
     scale: ScaleType | None = E4M3_SCALE
     elem_bits: int = 4
     tensor_scale_bits: int = 32
+    tile: int = 16
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,21 @@ class MXFP8E5M2Format(Format):
 
 
 @dataclass(frozen=True)
+class FP8BlockFormat(Format):
+    """FP8 block scaling (DeepSeek-V3, Transformer Engine's ``Float8BlockScaling``): E4M3 values, one fp32
+    power-of-two scale per 128 consecutive values of activations and gradients and per 128x128 tile of weights.
+    Hopper's fast format: its FP8 tensor cores multiply it through cuBLAS, at twice BF16's peak."""
+
+    name: str = "fp8_block"
+    block_size: int = 128
+    elem: ElementType | None = E4M3
+    scale: ScaleType | None = FP32_SCALE
+    elem_bits: int = 8
+    tensor_scale_bits: int = 0
+    tile: int = 128
+
+
+@dataclass(frozen=True)
 class BF16Format(Format):
     """Plain bfloat16: no blocks, no scales."""
 
@@ -135,9 +153,10 @@ class BF16Format(Format):
 NVFP4 = NVFP4Format()
 MXFP8 = MXFP8E4M3Format()
 MXFP8_E5M2 = MXFP8E5M2Format()
+FP8_BLOCK = FP8BlockFormat()
 BF16 = BF16Format()
 
-FORMATS: dict[str, Format] = {f.name: f for f in (NVFP4, MXFP8, MXFP8_E5M2, BF16)}
+FORMATS: dict[str, Format] = {f.name: f for f in (NVFP4, MXFP8, MXFP8_E5M2, FP8_BLOCK, BF16)}
 
 
 def closest(name: str, valid: list[str]) -> str:

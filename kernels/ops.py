@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from autoprec.formats import BF16, NVFP4, get_format
+from autoprec.formats import BF16, FP8_BLOCK, NVFP4, get_format
 
 from . import weight_cache
 from .core.quantized import QuantCopy, QuantizedTensor, normalize_axis
@@ -110,13 +110,10 @@ def _quantized_like(x: Tensor, fmt: str, axis: int, tile2d: bool) -> tuple[Tenso
     axis = normalize_axis(axis, x.ndim)
     stored = _stored_shape(x.shape, axis)
     lead, k = stored[:-1], stored[-1]
-    if f is NVFP4:
-        codes = x.new_empty(lead + [k // 2], dtype=torch.uint8)
-        scale_shape = [lead[0] // 16, k // 16] if tile2d else lead + [k // 16]
-        scales = x.new_empty(scale_shape, dtype=torch.uint8)
-    else:
-        codes = x.new_empty(stored, dtype=torch.uint8)
-        scales = x.new_empty(lead + [k // f.block_size], dtype=torch.uint8)
+    codes = x.new_empty(lead + [k // 2] if f is NVFP4 else stored, dtype=torch.uint8)
+    blocks = [lead[0] // f.tile, k // f.block_size] if tile2d else lead + [k // f.block_size]
+    scale_bytes = f.scale.bits // 8
+    scales = x.new_empty(blocks[:-1] + [blocks[-1] * scale_bytes], dtype=torch.uint8)
     return codes, scales, x.new_empty(() if f is NVFP4 else (0,), dtype=torch.float32)
 
 
@@ -142,6 +139,7 @@ def from_parts(
     f = get_format(fmt)
     if f is NVFP4:
         return QuantizedTensor(f, codes, scales.view(torch.float8_e4m3fn), ts, axis, torch.Size(shape), tile_rows)
+    scales = scales.view(torch.float32) if f is FP8_BLOCK else scales
     return QuantizedTensor(f, codes.view(f.elem.torch_dtype), scales, None, axis, torch.Size(shape), tile_rows)
 
 
@@ -209,7 +207,7 @@ def _prepared_weight(w: Tensor, fmt: str, tile2d: bool, scale_mode: str):
     """B's operand as ``scaled_mm`` reads it, or on a path that runs the reference product its fp32 values."""
     if get_format(fmt).quantized:
         q = dispatch.quantize(w, fmt, w.ndim - 2, tile2d=tile2d, scale_mode=scale_mode)
-        b = _operand(*_parts(q), fmt, True, 16 if tile2d else 1)
+        b = _operand(*_parts(q), fmt, True, q.tile_rows)
     else:
         b = w.to(torch.bfloat16)
     return dispatch.reference_values(b) if dispatch.runs_reference(w.device) else b

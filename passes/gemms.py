@@ -9,6 +9,7 @@ import sympy
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from autoprec.formats import FORMATS, get_format
+from autoprec.kernels.dispatch.grouped import grouped_format_problem
 from autoprec.passes.classify_roles import RoleInfo
 from autoprec.passes.group_sites import Site
 from autoprec.planner.gemm_spec import GemmSpec
@@ -44,9 +45,14 @@ class GraphGemm:
     pair: int  # graph-local id of its site: ties backward GEMMs to their fprop during calibration
 
 
-def blocking_problem(k, fmt_name: str) -> str | None:
-    """Why a GEMM with reduction size ``k`` cannot take blocks of the block format ``fmt_name``."""
+def blocking_problem(k, fmt_name: str, layout: str | None = None) -> str | None:
+    """Why a GEMM with reduction size ``k`` (a grouped GEMM's ``layout``) cannot take blocks of the block format
+    ``fmt_name``; a grouped wgrad (2d x 2d) pads its token groups, so any K goes."""
     fmt = get_format(fmt_name)
+    if layout is not None and grouped_format_problem(fmt.name):
+        return grouped_format_problem(fmt.name)
+    if layout == "2d2d":
+        return None
     if isinstance(k, int):
         return f"K={k} is not a multiple of the {fmt.name} block {fmt.block_size}" if k % fmt.block_size else None
     if not statically_known_true(k % fmt.block_size == 0):
@@ -78,8 +84,7 @@ def graph_gemms(sites: list[Site], path_of: Callable[[Site], str], weight_ids: d
                 shape=(str(mm.m), str(mm.n), str(mm.k)), batch=None if mm.batch is None else str(mm.batch),
                 dims=(1 if mm.batch is None else _hint(mm.batch), _hint(mm.m), _hint(mm.n), _hint(mm.k)),
                 flops_expr=str(sympy.expand(2 * batch * _expr(mm.m) * _expr(mm.n) * _expr(mm.k))),
-                blocking={f: None if mm.layout == "2d2d" else blocking_problem(mm.k, f)
-                          for f, fmt in FORMATS.items() if fmt.quantized},
+                blocking={f: blocking_problem(mm.k, f, mm.layout) for f, fmt in FORMATS.items() if fmt.quantized},
                 groups=mm.groups, layout=mm.layout,
             )
             out.append(GraphGemm(spec, info, site.index))

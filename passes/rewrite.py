@@ -153,8 +153,9 @@ def _shared_weight(graph: fx.Graph, info: RoleInfo, d: Decision, shared: dict, m
 
 
 def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
-    """What makes two GEMMs' 16x16-tiled weight quantizations the same: weight, format, dtype."""
-    if info.weight_operand != 1 or info.weight_placeholder is None or d.rht:
+    """What makes two GEMMs' 16x16-tiled NVFP4 weight quantizations the same: weight, format, dtype. (FP8-block's
+    128x128 tiles are quantized again for dgrad: ``transpose_tiles`` moves NVFP4's packed codes only.)"""
+    if info.weight_operand != 1 or info.weight_placeholder is None or d.rht or d.fmt != "nvfp4":
         return None
     if not operand_spec(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand).tile2d:
         return None
@@ -216,7 +217,8 @@ def rewrite_matmuls(
                             shared.setdefault(key, (b, tuple(info.mm.b.meta["val"].shape)))
                     b_ndim = info.mm.b.meta["val"].ndim
                     b_tiled = operand_spec(d, 1, b_ndim, info.grad_operand, info.weight_operand).tile2d
-                    args = (*a, d.fmt, *b, d.fmt, 16 if b_tiled else 1, current(info.mm.bias), node.meta["val"].dtype)
+                    tile_rows = get_format(d.fmt).tile if b_tiled else 1
+                    args = (*a, d.fmt, *b, d.fmt, tile_rows, current(info.mm.bias), node.meta["val"].dtype)
                     out = add_like(graph, autoprec_ops.scaled_mm.default, args, node, tag)
             node.replace_all_uses_with(out)
             graph.erase_node(node)

@@ -6,11 +6,14 @@ import torch
 from autoprec.kernels import quantize, scaled_mm
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b (+ bias) with both operands in ``fmt`` blocked along the reduction dim (bf16: cast)."""
+def gemm(a: torch.Tensor, b: torch.Tensor, fmt: str, bias: torch.Tensor | None = None,
+         weight_b: bool = False) -> torch.Tensor:
+    """a @ b (+ bias) with both operands in ``fmt`` blocked along the reduction dim (bf16: cast); ``weight_b``: b is
+    the layer's weight, which takes FP8-block's 128x128 tiles (the recipe's weights)."""
     if fmt == "bf16":
         return scaled_mm(a.to(torch.bfloat16), b.to(torch.bfloat16), bias, out_dtype=a.dtype)
-    return scaled_mm(quantize(a, fmt, -1), quantize(b, fmt, -2), bias, out_dtype=a.dtype)
+    tiles = weight_b and fmt == "fp8_block"
+    return scaled_mm(quantize(a, fmt, -1), quantize(b, fmt, -2, tile2d=tiles), bias, out_dtype=a.dtype)
 
 
 class QLinear(torch.autograd.Function):
@@ -20,12 +23,12 @@ class QLinear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, fmt: str) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.fmt, ctx.has_bias = fmt, b is not None
-        return gemm(x, w.t(), fmt, b)
+        return gemm(x, w.t(), fmt, b, weight_b=True)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, w = ctx.saved_tensors
-        dx = gemm(dy, w, ctx.fmt) if ctx.needs_input_grad[0] else None
+        dx = gemm(dy, w, ctx.fmt, weight_b=True) if ctx.needs_input_grad[0] else None
         dw = gemm(dy.t(), x, ctx.fmt)
         db = dy.sum(0) if ctx.has_bias else None
         return dx, dw, db, None

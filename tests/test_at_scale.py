@@ -33,7 +33,7 @@ def test_uniform_plans_project_the_measured_rates(recipe):
 def test_every_cost_table_has_measured_rates_and_names_them():
     assert set(MEASURED) == set(SOURCES) == set(HARDWARE)
     for name, rates in MEASURED.items():
-        assert set(rates) == {"bf16", "mxfp8", "nvfp4"} and rates["bf16"] == 1.0
+        assert set(rates) == {"bf16", "mxfp8", "nvfp4", "fp8_block"} and rates["bf16"] == 1.0
         assert all(f"{fmt.upper()} {rate:.2f}x" in SOURCES[name] for fmt, rate in rates.items() if fmt != "bf16")
 
 

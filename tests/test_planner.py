@@ -112,15 +112,20 @@ def test_target_speedup_out_of_reach():
         train_steps(model(), target_speedup=50)
 
 
-def test_hopper_plans_say_low_precision_is_slower_there():
-    """On hardware="h100" autoprec's GEMMs are decoded bf16 ones: auto keeps BF16 for speed, a target above 1x is
-    out of reach, and a fixed recipe's plan projects a slowdown, at scale by the rates measured on an H200."""
-    plan = autoprec.plan(train_steps(model(), hardware="h100", cost="at_scale")[0])
-    assert {d.fmt for d in plan.decisions} == {"bf16"}
-    with pytest.raises(Exception, match=r"target_speedup=1.1 is out of reach; at most 1.00x"):
-        train_steps(model(), hardware="h100", target_speedup=1.1)
+def test_hopper_plans_choose_from_hoppers_menu():
+    """On hardware="h100" the menu is BF16 and FP8-block (NVFP4 and MXFP8 are decoded bf16 GEMMs there): auto
+    picks FP8-block where its 128-blocks fit (fc2's K) and BF16 elsewhere, calibration measures nothing else, a
+    target above FP8-block's at-scale rate is out of reach, and a fixed MXFP8 recipe's plan projects a slowdown."""
+    m = model()
+    plan = autoprec.plan(train_steps(m, hardware="h100", cost="at_scale")[0])
+    assert {d.fmt for d in plan.decisions} == {"bf16", "fp8_block"}
+    assert all(d.fmt == "bf16" for d in plan.decisions if int(d.shape[2]) % 128)
+    measured = {cand.fmt for stats in planners_of(m)[-1].calibration.stats.values() for cand in stats}
+    assert measured == {"bf16", "fp8_block"}
+    with pytest.raises(Exception, match=r"target_speedup=1.4 is out of reach; at most 1\.\d\dx"):
+        train_steps(model(), hardware="h100", cost="at_scale", target_speedup=1.4)
     text = autoprec.plan(train_steps(model(), recipe="mxfp8", hardware="h100")[0]).summary()
-    assert "on h100: 0." in text and "autoprec's sm_90 GEMMs measured on an H200" in text
+    assert "on h100: 0." in text and "autoprec's decoded sm_90 GEMMs" in text
     assert re.search(r"at scale: 0\.70x", text)
 
 

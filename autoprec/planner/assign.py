@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import replace
 
-from autoprec.formats import closest
+from autoprec.formats import closest, get_format
 from autoprec.roles import MatmulRole
 
 from . import candidates as C
@@ -44,11 +44,14 @@ def damage(stat: Stat, role: MatmulRole, weights: tuple[float, float] = (GRAD_WE
     return noise * stat.err + bias * abs(stat.bias)
 
 
-def default_candidate(fmt: str, role: MatmulRole) -> C.Candidate:
-    """The configuration a format named by an override or a plan match runs in: NVFP4 fprop round-to-nearest,
-    its gradients stochastically rounded (and the RHT on wgrad)."""
+def default_candidate(fmt: str, role: MatmulRole, has_weight: bool = False) -> C.Candidate:
+    """The configuration a format named by an override, a plan match or a preset runs in: NVFP4 fprop
+    round-to-nearest, its gradients stochastically rounded (and the RHT on wgrad); FP8-block with 128x128 tiles on
+    a weight (DeepSeek-V3's and Transformer Engine's recipe)."""
     if fmt == "nvfp4":
         return {MatmulRole.FPROP: C.NVFP4, MatmulRole.DGRAD: C.NVFP4_SR, MatmulRole.WGRAD: C.NVFP4_SR_RHT}[role]
+    if fmt == "fp8_block" and has_weight:
+        return C.FP8_BLOCK_2D
     return C.Candidate(fmt)
 
 
@@ -101,7 +104,7 @@ class Assigner:
             return _candidate_of(d), "matched to the rl_sampler plan"
         owner = GemmOwner(g.stack_ids, g.weight_id, g.frame_params)
         hit = annotation_for(owner, g.role) or rule_for(self.rules, g.module, g.role)
-        return (default_candidate(hit[0], g.role), hit[1]) if hit else None
+        return (default_candidate(hit[0], g.role, g.has_weight), hit[1]) if hit else None
 
     def _take_amax(self, d: Decision, option: str) -> None:
         """Keep a loaded decision's static activation amaxes; one that runs NVFP4 forward with dynamic scales
@@ -130,8 +133,14 @@ class Assigner:
         for step, rules in self.stages[:stage]:
             rule = None if g.sdpa else rule_for(rules, g.module, g.role)
             if rule is not None:
-                hit = default_candidate(rule[0], g.role), f"schedule from step {step}: {rule[1]}"
+                hit = default_candidate(rule[0], g.role, g.has_weight), f"schedule from step {step}: {rule[1]}"
         return hit
+
+    def preset(self, g: GemmSpec) -> C.Candidate:
+        """A uniform recipe's configuration: its format round-to-nearest in every role; FP8-block's weights in
+        128x128 tiles (DeepSeek-V3's recipe)."""
+        fp8_tiles = self.opts.recipe == "fp8_block" and g.has_weight
+        return C.FP8_BLOCK_2D if fp8_tiles else C.Candidate(self.opts.recipe)
 
     def nvidia(self, g: GemmSpec) -> Choice:
         """NVIDIA's NVFP4 pretraining recipe: 16x16 weight scales, SR on gradients, RHT on wgrad,
@@ -166,7 +175,7 @@ class Assigner:
             elif self.opts.recipe == "nvfp4_nvidia":
                 out[g.key] = self.nvidia(g)
             elif self.opts.recipe != "auto":
-                out[g.key] = C.Candidate(self.opts.recipe), f"recipe {self.opts.recipe}"
+                out[g.key] = self.preset(g), f"recipe {self.opts.recipe}"
             else:
                 free.append(g)
         out.update(self.solve(free))
@@ -174,8 +183,8 @@ class Assigner:
 
     def unmeasured(self, g: GemmSpec) -> str | None:
         """Why ``g`` has nothing for the solver to weigh (it then runs in BF16), or None."""
-        problems = [g.blocking[f] for f in ("nvfp4", "mxfp8")]
-        if all(problems):
+        problems = [g.blocking[f] for f in self.hw.formats if f != "bf16"]
+        if problems and all(problems):
             return " and ".join(problems)
         if self.calibration is None:
             return None
@@ -189,7 +198,7 @@ class Assigner:
         """(candidate, seconds, damage) the solver may pick for ``g``: eligible, measured, blockable."""
         stats = self.calibration.stats.get(g.key, {}) if self.calibration and not self.unmeasured(g) else {}
         opts = []
-        for c in C.eligible(g.role, g.has_weight):
+        for c in C.eligible(g.role, g.has_weight, self.hw.formats):
             if c in stats and not g.blocking.get(c.fmt):
                 d = damage(stats[c], g.role, self.opts.damage_weights())
                 if math.isfinite(d):
@@ -243,16 +252,17 @@ class Assigner:
         return out
 
     def decision(self, g: GemmSpec, choice: Choice, site: int) -> Decision:
-        """The Decision for ``g`` under ``choice``, after the shape checks (block sizes, 16x16 tiles)."""
+        """The Decision for ``g`` under ``choice``, after the shape checks (block sizes, weight tiles)."""
         c, reason = choice
         problem = g.blocking.get(c.fmt)
         if problem:
             c, reason = C.BF16, f"{problem}: BF16 instead of {c.fmt}"
         if g.problem:
             c, reason = C.BF16, f"{g.problem}: BF16"
-        tiles = g.tile_problem() if c.tile2d else None
+        fmt = get_format(c.fmt)
+        tiles = g.tile_problem(fmt.tile) if c.tile2d else None
         if tiles:
-            c, reason = replace(c, tile2d=False), f"{reason}; {tiles}: 1x16 blocks instead"
+            c, reason = replace(c, tile2d=False), f"{reason}; {tiles}: 1x{fmt.block_size} blocks instead"
         if g.scaled_addmm:
             c, reason = C.BF16, "addmm with alpha/beta scaling: not rewritten"
         amax = None

@@ -14,26 +14,45 @@ are compute-bound and each format runs at its measured speedup over BF16, quanti
   https://nvidia.github.io/TransformerEngine/features/low_precision_training/speedups.html
 - Efficiency against the peak ratios (15 / 5 / 2.5 PFLOPS): NVFP4 2.03 / 6 = 0.34, MXFP8 1.44 / 2 = 0.72.
   No figure is published for B200 here: it takes the B300 ratios.
-- H100/H200 (``h100``): autoprec's own sm_90 GEMMs (operands decoded to bf16, cuBLAS) at 8192^3 against torch's
-  bf16 GEMM, the quantization of both operands included, as the one GPU run measured them
+- H100/H200 (``h100``), NVFP4 and MXFP8: autoprec's own sm_90 GEMMs (operands decoded to bf16, cuBLAS) at 8192^3
+  against torch's bf16 GEMM, the quantization of both operands included, as the one GPU run measured them
   (``benchmarks/results/h200_2026-12-04.txt``; how the MXFP8 rate is composed: ``gpu_log.md``). Slower than BF16:
-  on Hopper autoprec saves memory, not time, and a plan says so.
+  on Hopper those formats save memory, not time, and a plan says so.
+- H100/H200, FP8-block: no end-to-end figure for 1x128 / 128x128 block scaling is published; torchao measured
+  float8 rowwise training at 1.34-1.43x BF16 on 2K H200s (Llama-3 70B, torchtitan;
+  https://github.com/pytorch/ao, news of April 2025) and NVIDIA's NeMo FP8 post reports 128x128 block scaling a
+  little below per-tensor scaling's throughput on H100
+  (https://developer.nvidia.com/blog/faster-training-throughput-in-fp8-precision-with-nvidia-nemo). The table takes
+  the low end, 1.34x. Those are whole training steps (attention and the rest included), so the GEMMs' own speedup is
+  at least that; autoprec's sm_90 blockwise GEMM has not been timed yet (``docs/gpu.md``).
+- A format a hardware decodes to bf16 and no table measures (FP8-block on Blackwell) takes the decoded MXFP8 rate
+  measured on sm_90.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
+from autoprec.formats import get_format
+
 from .cost import Hardware
 
-TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03}  # measured with quantization (source above)
-SM90 = {"bf16": 1.0, "mxfp8": 0.70, "nvfp4": 0.47}  # autoprec's sm_90 path, quantization included (above)
+DECODED_RATE = 0.70  # an 8-bit format decoded to bf16 on sm_90, quantization included (MXFP8's row below)
+TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03, "fp8_block": DECODED_RATE}  # measured with quantization
+SM90 = {"bf16": 1.0, "mxfp8": DECODED_RATE, "nvfp4": 0.47, "fp8_block": 1.34}  # sources above
 MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": SM90}
 _MEASURED_BY = {"gb300": "TE's measured B300 speedups", "b200": "TE's measured B300 speedups",
-                "h100": "autoprec's sm_90 GEMMs measured on an H200"}
+                "h100": "torchao's H200 FP8 training and autoprec's decoded sm_90 GEMMs"}
 # the plan's at-scale line: who measured each table's rates, and the rates
-SOURCES = {hw: f"{by} with quantization: MXFP8 {MEASURED[hw]['mxfp8']:.2f}x, NVFP4 {MEASURED[hw]['nvfp4']:.2f}x"
+SOURCES = {hw: f"{by} with quantization: " + ", ".join(f"{fmt.upper()} {rate:.2f}x"
+                                                          for fmt, rate in MEASURED[hw].items() if fmt != "bf16")
            for hw, by in _MEASURED_BY.items()}
+
+
+def measured_rate(hw: str, fmt: str) -> float:
+    """The at-scale speedup over BF16 of a GEMM in ``fmt`` on hardware table ``hw`` (MXFP8's for its E5M2 variant)."""
+    name = get_format(fmt).name
+    return MEASURED[hw]["mxfp8" if name == "mxfp8_e5m2" else name]
 
 
 @dataclass(frozen=True)
@@ -88,4 +107,4 @@ class AtScale:
 
     def seconds(self, spec, fmt: str) -> float:
         """Time at the reference shapes: compute-bound BF16 at peak, divided by the format's measured speedup."""
-        return self.flops(spec) / (self.hw.pflops("bf16") * 1e15) / MEASURED[self.hw.name][fmt.split("_")[0]]
+        return self.flops(spec) / (self.hw.pflops("bf16") * 1e15) / measured_rate(self.hw.name, fmt)

@@ -101,6 +101,7 @@ class Calibration:
     mx_scale: str = "rceil"
     rht_seed: int = 0
     scope: str = "eligible"  # which candidates are measured (options.measure, candidates.measured; "amax": none)
+    menu: tuple[str, ...] | None = None  # the formats the hardware's plans may choose (None: every format)
     stats: dict[GemmKey, dict[Candidate, Stat]] = field(default_factory=dict)
     problems: dict[GemmKey, str] = field(default_factory=dict)  # why a GEMM could not be measured
     # grouped GEMMs: (sum of each expert's token count over the measurements, number of measurements)
@@ -189,7 +190,7 @@ class Calibration:
         qa, qb = (blocked_copy(x, x.ndim - 1 - which)
                   if tag.layout is None and any(sample.part(which, x.ndim).values()) else x
                   for which, x in enumerate((a32, b32)))
-        for c in measured(role, has_weight, self.scope):
+        for c in measured(role, has_weight, self.scope, self.menu):
             if not blockable(a32, b32, c, tag.weight_operand, tag.layout):
                 continue
             per_group = None

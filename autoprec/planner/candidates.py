@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoprec.formats import get_format
 from autoprec.quant_spec import QuantSpec
 from autoprec.roles import MatmulRole
 
@@ -25,7 +26,8 @@ class Candidate:
         if self.rht:
             parts.append("rht")
         if self.tile2d:
-            parts.append("16x16")
+            tile = get_format(self.fmt).tile
+            parts.append(f"{tile}x{tile}")
         return "/".join(parts)
 
 
@@ -36,13 +38,18 @@ NVFP4_2D = Candidate("nvfp4", tile2d=True)
 NVFP4_SR = Candidate("nvfp4", "sr")
 NVFP4_SR_2D = Candidate("nvfp4", "sr", tile2d=True)
 NVFP4_SR_RHT = Candidate("nvfp4", "sr", rht=True)
+FP8_BLOCK = Candidate("fp8_block")
+FP8_BLOCK_2D = Candidate("fp8_block", tile2d=True)
 
 # what the pretrain policy lets the solver pick (and calibration measures): forward by error; backward
 # only unbiased NVFP4 (stochastic rounding on gradients, RHT on wgrad operands), as in NVIDIA's recipe ...
+# FP8-block rounds to nearest in every role, as DeepSeek-V3 and Transformer Engine's Float8BlockScaling do: its
+# 128-wide blocks of E4M3 keep gradients' bias far below NVFP4's. The hardware's menu (cost.Hardware.formats)
+# decides which of these formats a plan may take at all.
 ELIGIBLE = {
-    MatmulRole.FPROP: (NVFP4, NVFP4_2D, MXFP8, BF16),
-    MatmulRole.DGRAD: (NVFP4_SR, NVFP4_SR_2D, MXFP8, BF16),
-    MatmulRole.WGRAD: (NVFP4_SR_RHT, MXFP8, BF16),
+    MatmulRole.FPROP: (NVFP4, NVFP4_2D, MXFP8, FP8_BLOCK, FP8_BLOCK_2D, BF16),
+    MatmulRole.DGRAD: (NVFP4_SR, NVFP4_SR_2D, MXFP8, FP8_BLOCK, FP8_BLOCK_2D, BF16),
+    MatmulRole.WGRAD: (NVFP4_SR_RHT, MXFP8, FP8_BLOCK, BF16),
 }
 # ... and the biased backward configurations it never picks, measured too with options measure="all" (for
 # studies of the damage model: what round-to-nearest and SR without the RHT would cost)
@@ -60,20 +67,23 @@ def operand_spec(choice, which: int, ndim: int, grad_operand: int | None, weight
     only, the RHT on both operands where the choice has it."""
     return QuantSpec(choice.fmt, ndim - 1 if which == 0 else ndim - 2,
                      choice.rounding if grad_operand == which else "rne", choice.rht,
-                     choice.tile2d and choice.fmt == "nvfp4" and weight_operand == which and ndim == 2, scale_rule)
+                     choice.tile2d and get_format(choice.fmt).tile > 0 and weight_operand == which and ndim == 2,
+                     scale_rule)
 
 
-def measured(role: MatmulRole, has_weight: bool, measure: str = "eligible") -> tuple[Candidate, ...]:
-    """Candidates calibration measures for a GEMM (16x16 tiles only where there is a weight): the eligible
-    ones, and with ``measure="all"`` the biased ones too."""
+def measured(role: MatmulRole, has_weight: bool, measure: str = "eligible",
+             menu: tuple[str, ...] | None = None) -> tuple[Candidate, ...]:
+    """Candidates calibration measures for a GEMM (weight tiles only where there is a weight): the eligible ones
+    of the hardware's ``menu`` of formats (None: every format), and with ``measure="all"`` the biased ones too."""
     if measure == "amax":  # a preset's static activation scales: only the operands' amaxes are recorded
         return ()
     extra = BIASED[role] if measure == "all" else ()
-    return tuple(c for c in extra + ELIGIBLE[role] if has_weight or not c.tile2d)
+    return tuple(c for c in extra + ELIGIBLE[role]
+                 if (has_weight or not c.tile2d) and (menu is None or c.fmt in menu))
 
 
-def eligible(role: MatmulRole, has_weight: bool) -> tuple[Candidate, ...]:
-    return tuple(c for c in ELIGIBLE[role] if has_weight or not c.tile2d)
+def eligible(role: MatmulRole, has_weight: bool, menu: tuple[str, ...] | None = None) -> tuple[Candidate, ...]:
+    return tuple(c for c in ELIGIBLE[role] if (has_weight or not c.tile2d) and (menu is None or c.fmt in menu))
 
 
 def grouped_config(choice, grad_operand: int | None, weight_operand: int | None) -> dict:

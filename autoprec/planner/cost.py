@@ -6,6 +6,8 @@ produces it (as Transformer Engine fuses casts into norms and activations): its 
 the codes and scales. Small GEMMs are memory-bound, so low precision helps them less than FLOP ratios say.
 Where autoprec decodes block formats to bf16 in memory first (Hopper), the GEMM reads bf16 operands and
 the decoding adds a read of the codes and a write of the bf16 copy: slower than BF16 at every shape.
+Hopper's FP8 tensor cores run FP8-block natively (cuBLAS's blockwise-scaled GEMM) at twice BF16's peak.
+Each table also names the hardware's menu: the formats a plan may choose there (overrides may name any).
 """
 from __future__ import annotations
 
@@ -16,29 +18,46 @@ from autoprec.formats import closest, get_format
 
 @dataclass(frozen=True)
 class Hardware:
-    """Dense tensor throughput per format (PFLOP/s) of the GEMMs autoprec runs there, and memory bandwidth
-    (TB/s). On Blackwell those are the block-scaled tensor cores' peaks; on Hopper autoprec decodes NVFP4 and
-    MXFP8 operands to bf16 for BF16 tensor cores (no FP4 MMA; the FP8 one accumulates below fp32 precision,
-    and an FP8 dot per 32-wide block ran at 0.10x BF16), so every format runs at BF16's peak there."""
+    """Dense tensor throughput per format (PFLOP/s) of the GEMMs autoprec runs there, memory bandwidth (TB/s),
+    the ``formats`` a plan may choose there (its menu) and the ``native`` ones its tensor cores multiply as they
+    are; any other block format is decoded to bf16 in memory for a BF16 GEMM at ``bf16_pflops``. On Blackwell
+    NVFP4 and MXFP8 run on the block-scaled tensor cores and FP8-block is left off the menu (Transformer Engine
+    emulates it with MXFP8 there, and MXFP8's finer blocks run at the same rate). On Hopper FP8-block runs on the
+    FP8 tensor cores; NVFP4 and MXFP8 are decoded (no FP4 MMA, and an FP8 dot per 32-wide block ran at 0.10x
+    BF16), so they stay off Hopper's menu: they save memory there, not time."""
 
     name: str
     nvfp4_pflops: float
     mxfp8_pflops: float
     bf16_pflops: float
     hbm_tbs: float
+    formats: tuple[str, ...]
+    native: tuple[str, ...]
+    fp8_pflops: float = 0.0
     note: str = ""
-    decodes: bool = False  # block formats decoded to bf16 in memory before a BF16 GEMM
 
     def pflops(self, fmt: str) -> float:
-        return {"nvfp4": self.nvfp4_pflops, "mxfp8": self.mxfp8_pflops, "mxfp8_e5m2": self.mxfp8_pflops,
-                "bf16": self.bf16_pflops}[get_format(fmt).name]
+        """The tensor throughput a GEMM in ``fmt`` runs at here (a decoded format runs at BF16's)."""
+        name = get_format(fmt).name
+        if name != "bf16" and not self.decodes(name):
+            return {"nvfp4": self.nvfp4_pflops, "mxfp8": self.mxfp8_pflops, "mxfp8_e5m2": self.mxfp8_pflops,
+                    "fp8_block": self.fp8_pflops}[name]
+        return self.bf16_pflops
+
+    def decodes(self, fmt: str) -> bool:
+        """Whether a block format is decoded to bf16 in memory before a BF16 GEMM here."""
+        f = get_format(fmt)
+        return f.quantized and f.name not in self.native
 
 
+BLACKWELL_MENU = ("bf16", "nvfp4", "mxfp8")
+BLACKWELL_NATIVE = ("nvfp4", "mxfp8", "mxfp8_e5m2")
 HARDWARE = {
-    "gb300": Hardware("gb300", 15.0, 5.0, 2.5, 8.0, "Blackwell Ultra dense figures"),
-    "b200": Hardware("b200", 9.0, 4.5, 2.25, 8.0, "Blackwell dense figures"),
-    "h100": Hardware("h100", 0.99, 0.99, 0.99, 3.35,
-                     "H100/H200: operands decoded to bf16 for BF16 tensor cores: no format beats BF16", True),
+    "gb300": Hardware("gb300", 15.0, 5.0, 2.5, 8.0, BLACKWELL_MENU, BLACKWELL_NATIVE, note="Blackwell Ultra dense figures"),
+    "b200": Hardware("b200", 9.0, 4.5, 2.25, 8.0, BLACKWELL_MENU, BLACKWELL_NATIVE, note="Blackwell dense figures"),
+    "h100": Hardware("h100", 0.99, 0.99, 0.99, 3.35, ("bf16", "fp8_block"), ("fp8_block",), fp8_pflops=1.98,
+                     note="H100/H200 SXM dense figures: FP8-block on the FP8 tensor cores; NVFP4 and MXFP8 decoded "
+                          "to bf16"),
 }
 
 
@@ -70,7 +89,7 @@ def gemm_seconds(flops: float, operand_elems: float, out_elems: float, fmt: str,
     them and write of bf16 operands)."""
     f = get_format(fmt)
     stored = operand_elems * f.bits_per_value / 8
-    decoded = hw.decodes and f.quantized
+    decoded = hw.decodes(f.name)
     read = operand_elems * 2.0 if decoded else stored
     bandwidth = hw.hbm_tbs * 1e12
     roofline = max(flops / (hw.pflops(fmt) * 1e15), (read + out_elems * 2.0) / bandwidth)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from autoprec.formats import get_format
-from autoprec.kernels.dispatch.grouped import group_bounds
+from autoprec.kernels.dispatch.grouped import group_bounds, grouped_format_problem
 
 from .candidates import Candidate
 
@@ -91,11 +91,13 @@ def ratio(num: torch.Tensor, den: torch.Tensor) -> float:
 
 def blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate, weight_operand: int | None,
                layout: str | None = None) -> bool:
-    """Whether candidate ``c`` can block these operands (16x16 tiles: both dims of a 2D weight, or of
-    each expert's weight; a grouped wgrad pads its token groups, so any K goes)."""
+    """Whether candidate ``c`` can block these operands (square tiles: both dims of a 2D weight, or of
+    each expert's weight; a grouped wgrad pads its token groups, so any K goes; FP8-block runs dense products only)."""
     f = get_format(c.fmt)
     if not f.quantized:
         return True
+    if layout is not None and grouped_format_problem(f.name):
+        return False
     k = a.shape[-1]
     if k % f.block_size and layout != "2d2d":
         return False
@@ -103,4 +105,4 @@ def blockable(a: torch.Tensor, b: torch.Tensor, c: Candidate, weight_operand: in
         return True
     w = (a, b)[weight_operand] if weight_operand is not None else None
     ndim = 3 if layout is not None else 2
-    return w is not None and w.ndim == ndim and all(s % 16 == 0 for s in w.shape[-2:])
+    return w is not None and w.ndim == ndim and all(s % f.tile == 0 for s in w.shape[-2:])

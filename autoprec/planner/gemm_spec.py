@@ -89,14 +89,15 @@ class GemmSpec:
         _, _, n, k = self.dims
         return n * k * (self.groups or 1)
 
-    def tile_problem(self) -> str | None:
-        """Why this GEMM's weight cannot take 16x16 NVFP4 tiles (None when it can); an experts weight
-        (E, K, N) takes them per expert."""
+    def tile_problem(self, tile: int = 16) -> str | None:
+        """Why this GEMM's weight cannot take square tiles of side ``tile`` (NVFP4's 16, FP8-block's 128; None when
+        it can); an experts weight (E, K, N) takes them per expert."""
+        tiles = f"{tile}x{tile} tiles"
         per_expert = self.groups is not None and self.weight_shape is not None and len(self.weight_shape) == 3
         if not self.has_weight or self.weight_shape is None or (len(self.weight_shape) != 2 and not per_expert):
-            return f"16x16 tiles need a 2D weight, this one is {self.weight_shape}"
-        if any(s % 16 for s in self.weight_shape[-2:]):
-            return f"16x16 tiles need both weight dims to be multiples of 16, weight {self.weight_shape}"
+            return f"{tiles} need a 2D weight, this one is {self.weight_shape}"
+        if any(s % tile for s in self.weight_shape[-2:]):
+            return f"{tiles} need both weight dims to be multiples of {tile}, weight {self.weight_shape}"
         return None
 
 

@@ -21,6 +21,7 @@ from autoprec.model_root import holds, named_modules
 from .assign import Assigner
 from .at_scale import SOURCES, ReferenceShapes
 from .calibration import Calibration
+from .cost import get_hardware
 from .gemm_spec import GemmKey, GemmSpec
 from .options import CompileOptions
 from .overrides import annotated_modules
@@ -56,9 +57,10 @@ class ModelPlanner:
         auto = opts.recipe == "auto" and opts.plan is None
         recalibrates = requested.recalibrate_every is not None  # also when a restored plan runs first
         # a preset with static activation scales calibrates too, to measure its activations' amaxes only
-        scales = opts.static_activations and opts.plan is None and opts.recipe not in ("bf16", "mxfp8")
+        scales = opts.static_activations and opts.plan is None and opts.recipe not in ("bf16", "mxfp8", "fp8_block")
         scope = opts.measure if auto or recalibrates else "amax"
-        self.calibration = Calibration(opts.mx_scale, opts.seed, scope) if auto or recalibrates or scales else None
+        menu = get_hardware(opts.hardware).formats
+        self.calibration = Calibration(opts.mx_scale, opts.seed, scope, menu) if auto or recalibrates or scales else None
         self.fixed = not (auto or scales)
         self.recalibrated: list[int] = []  # training steps after which re-calibrations began (recalibrate_every)
         self._module_names = list(dict.fromkeys(n for n, _ in named_modules(root, True))) if root is not None else None
@@ -357,9 +359,9 @@ def reduce_across_ranks(calibration: Calibration) -> None:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (calibration.stats, calibration.problems, calibration.group_tokens,
                                       calibration.amaxes))
-    merged = Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope)
+    merged = Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope, calibration.menu)
     for stats, problems, tokens, amaxes in gathered:
-        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope, stats, problems,
-                                 tokens, amaxes))
+        merged.merge(Calibration(calibration.mx_scale, calibration.rht_seed, calibration.scope, calibration.menu,
+                                 stats, problems, tokens, amaxes))
     calibration.stats, calibration.problems = merged.stats, merged.problems
     calibration.group_tokens, calibration.amaxes = merged.group_tokens, merged.amaxes

@@ -13,7 +13,7 @@ from .cost import HARDWARE
 from .overrides import parse_rules
 from .plan import Plan, is_int, is_real
 
-RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia")
+RECIPES = ("auto", "bf16", "mxfp8", "nvfp4", "nvfp4_nvidia", "fp8_block")
 PHASES = ("pretrain", "rl_sampler", "rl_trainer", "rl")
 RL_PHASES = PHASES[1:]
 ACTIVATION_SCALES = ("dynamic", "static")
@@ -29,8 +29,9 @@ GRAD_WEIGHTS = {"noise": 0.25, "bias": 1.0}  # backward noise averages out over 
 class CompileOptions:
     """What the autoprec backend was asked to do.
 
-    recipe: ``auto`` (calibrate, then solve) or a preset: ``bf16``, ``mxfp8``, ``nvfp4`` (every GEMM,
-        round-to-nearest), ``nvfp4_nvidia`` (NVIDIA's published NVFP4 recipe).
+    recipe: ``auto`` (calibrate, then solve among the hardware's menu of formats) or a preset: ``bf16``,
+        ``mxfp8``, ``nvfp4`` (every GEMM, round-to-nearest), ``nvfp4_nvidia`` (NVIDIA's published NVFP4 recipe),
+        ``fp8_block`` (every GEMM in FP8 with 1x128 blocks, 128x128 weight tiles: DeepSeek-V3's recipe, Hopper's).
     phase: ``pretrain``, ``rl_sampler`` (inference), ``rl_trainer`` (forward copied from ``match``) or ``rl``
         (one policy that both samples and trains, as TRL's GRPOTrainer runs it). In the RL phases every forward
         GEMM's output row depends only on its own input row and the weights (docs/rl.md).

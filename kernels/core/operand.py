@@ -5,12 +5,13 @@ from dataclasses import dataclass
 
 import torch
 
-from autoprec.formats import BF16, NVFP4, Format
+from autoprec.formats import BF16, FP8_BLOCK, NVFP4, Format
 
 from .quantized import QuantizedTensor
 
 KIND_NVFP4, KIND_MXFP8, KIND_BF16 = 0, 1, 2
 KIND_BF16_SCALED = 3  # the kernels' kind of bf16 values with a tensor scale (an NVFP4 operand decoded to bf16)
+KIND_FP8_BLOCK = 4  # fp32 block scales: cuBLAS's blockwise GEMM or the reference reads them, no Triton kernel
 KERNEL_OUT_DTYPES = (torch.float32, torch.bfloat16)  # what the matmul kernels write
 
 
@@ -32,6 +33,8 @@ class Operand:
     def kind(self) -> int:
         if self.fmt is BF16:
             return KIND_BF16
+        if self.fmt is FP8_BLOCK:
+            return KIND_FP8_BLOCK
         return KIND_NVFP4 if self.fmt is NVFP4 else KIND_MXFP8
 
 

@@ -18,8 +18,9 @@ class QuantizedTensor:
     Storage keeps the block axis last: ``codes`` and ``scales`` are laid out for
     ``x.movedim(axis, -1)``. NVFP4 codes are uint8 with two E2M1 codes per byte (even index in the
     low nibble) and ``scales`` are float8_e4m3fn with an fp32 ``tensor_scale`` (S_dec); MXFP8 codes
-    are float8 and ``scales`` are uint8 E8M0 codes. ``tile_rows`` is 16 for 16x16 weight tiles (one
-    scale per tile; storage must then be 2D) and 1 for ordinary 1-D blocks.
+    are float8 and ``scales`` are uint8 E8M0 codes; FP8-block codes are float8_e4m3fn and ``scales`` fp32 decode
+    factors. ``tile_rows`` is the tile side for square weight tiles (16 for NVFP4, 128 for FP8-block; one scale
+    per tile; storage must then be 2D) and 1 for ordinary 1-D blocks.
     """
 
     fmt: Format
@@ -69,8 +70,8 @@ def normalize_axis(axis: int, ndim: int) -> int:
 
 
 def check_blocks(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) -> int:
-    """Validate ``x`` for quantizing along ``axis`` in whole blocks (and 16-row tiles); returns the
-    normalized axis."""
+    """Validate ``x`` for quantizing along ``axis`` in whole blocks (and square tiles of ``tile_rows``); returns
+    the normalized axis."""
     if not x.dtype.is_floating_point:
         raise TypeError(f"{fmt.name} quantize needs a floating-point tensor, got {x.dtype}")
     if x.ndim == 0:
@@ -83,13 +84,11 @@ def check_blocks(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) ->
             f"not a multiple of the block size {fmt.block_size}"
         )
     if tile_rows > 1:
+        tiles = f"{tile_rows}x{tile_rows} tiles"
         if x.ndim != 2:
-            raise ValueError(f"{fmt.name}: 16x16 tiles need a 2D tensor, got shape {tuple(x.shape)}")
+            raise ValueError(f"{fmt.name}: {tiles} need a 2D tensor, got shape {tuple(x.shape)}")
         if x.shape[1 - axis] % tile_rows:
-            raise ValueError(
-                f"{fmt.name}: 16x16 tiles need both dims of shape {tuple(x.shape)} "
-                f"to be multiples of {tile_rows}"
-            )
+            raise ValueError(f"{fmt.name}: {tiles} need both dims of shape {tuple(x.shape)} to be multiples of {tile_rows}")
     return axis
 
 

@@ -21,13 +21,15 @@ from pathlib import Path
 
 import torch
 
-from autoprec.formats import NVFP4, Format
+from autoprec.formats import MXFP8, MXFP8_E5M2, NVFP4, Format
 
 from ..core.quantized import QuantizedTensor, blocked_view, check_blocks, normalize_axis
 from ..core.random_bits import stream_keys
 from ..reference.hadamard import rht_signs
 from ..reference.mxfp8 import MX_BLOCK
 from ..reference.nvfp4 import BLOCK
+
+FORMATS = (NVFP4, MXFP8, MXFP8_E5M2)  # the formats these kernels quantize and dequantize
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / "quantize_cpu.c", CSRC / "quantize_cols.c"]

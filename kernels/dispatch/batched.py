@@ -9,12 +9,15 @@ Triton GEMM, sm_90's decoded one or the in-register one, whose tiles find their 
 group under the operand's one tensor scale. Two bf16 operands run torch's batched matmul accumulating in fp32. So a
 bmm is one GEMM launch, whatever its batch (an fp16 output is that launch's fp32 product, which
 ``dispatch.scaled_mm`` rounds once). A bf16 operand beside a quantized one runs one dense ``dispatch.scaled_mm`` per
-item. Elsewhere (the CPU) it is the reference: one fp32 batched matmul of the dequantized values. Every way equals
+item, as does an FP8-block pair (sm_90's blockwise GEMM has no grouped form in torch). Elsewhere (the CPU) it is
+the reference: one fp32 batched matmul of the dequantized values. Every way equals
 the reference up to fp32 accumulation order.
 """
 from __future__ import annotations
 
 import torch
+
+from autoprec.formats import FP8_BLOCK
 
 from ..core.operand import Operand
 from ..core.quantized import QuantizedGroups, QuantizedTensor
@@ -35,7 +38,7 @@ def batched_scaled_mm(a: Batched, b: Batched, bias: torch.Tensor | None, out_dty
     if not dispatch.use_triton(device, None) or 0 in (batch, m, k, n):
         return dispatch.reference_scaled_mm(a, b, bias, out_dtype)
     wide = torch.float32 if bias is not None else out_dtype  # the product before the bias, where there is one
-    if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
+    if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor) and FP8_BLOCK not in (a.fmt, b.fmt):
         stand_ins = Operand(a.fmt, None, None, None, m, k), Operand(b.fmt, None, None, None, n, k)
         path, _ = grouped_dispatch.grouped_gemm_path(dispatch.device_capability(device), "2d3d", *stand_ins, wide,
                                                      batch)

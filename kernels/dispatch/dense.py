@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from autoprec.formats import NVFP4, Format, get_format
+from autoprec.formats import FP8_BLOCK, NVFP4, Format, get_format
 
 from ..core.launch import interpreting
 from ..core.mode import kernel_mode
@@ -32,6 +32,7 @@ from ..core.quantized import QuantCopy, QuantizedTensor
 from ..core.random_bits import StepStream, sr_bits
 from ..cpu import fused
 from ..cuda.scaled_mm import NATIVE_CAPABILITY, native_problem, scaled_mm_native
+from ..cuda.scaled_mm_blockwise import blockwise_problem, scaled_mm_blockwise
 from ..reference.hadamard import rht_ref
 from ..reference.nvfp4 import transpose_tiles_ref
 from ..reference.quantize import check_quantize_args, dequantize_ref, quantize_ref
@@ -80,8 +81,10 @@ def quantize_dtype_problem(dtype: torch.dtype) -> str | None:
     return None if dtype in TRITON_DTYPES else f"dtype {dtype} (the kernel reads float32, bfloat16 or float16)"
 
 
-def quantize_supports(x: torch.Tensor) -> str | None:
+def quantize_supports(x: torch.Tensor, fmt: Format) -> str | None:
     """Why the Triton quantizer does not take this (already validated) input; None when it does."""
+    if fmt is FP8_BLOCK:
+        return "fp8_block has no Triton quantizer yet (the reference runs it, bit-exact)"
     return quantize_dtype_problem(x.dtype) or ("an empty tensor" if x.numel() == 0 else None)
 
 
@@ -119,7 +122,7 @@ def quantize(
     if batches is not None and x.ndim != 3:
         raise ValueError(f"quantize(batches=...) needs a 3D tensor, got shape {tuple(x.shape)}")
     part = rows is not None or batches is not None
-    if part and rand is None and _use_cpu_fused(x):
+    if part and rand is None and _use_cpu_fused(x, fmt):
         return fused.quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
                             rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches,
                             amax=amax)
@@ -135,7 +138,7 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     kernel runs in the interpreter (``AUTOPREC_KERNELS=triton``); elsewhere (CPU, a GPU for now, shapes it does
     not take) they are two quantizations. ``amax``: ``quantize``'s, for both copies."""
     fmt = get_format(fmt)
-    problem = quantize_supports(x) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
+    problem = quantize_supports(x, fmt) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
     # A GPU runs the two single quantizers until the one-read kernel has passed tests/test_gpu_quantize.py on a GPU
     # (its bytes and fields pair by pair): the interpreter does not exercise a GPU's scheduling of its two stores.
     if use_triton(x.device, problem) and x.device.type != "cuda":
@@ -156,8 +159,8 @@ def quantize_copies(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Q
     fmt = get_format(fmt)
     check_amax(amax, fmt, rows.rht or cols.rht)
     amaxes = (None, None)
-    if fmt is NVFP4 and not (rows.rht and cols.rht) and not _use_cpu_fused(x) and use_triton(
-            x.device, quantize_supports(x)):
+    if fmt is NVFP4 and not (rows.rht and cols.rht) and not _use_cpu_fused(x, fmt) and use_triton(
+            x.device, quantize_supports(x, fmt)):
         from ..triton.quantize_cols import pair_amax
 
         for copy, axis in ((rows, 1), (cols, 0)):
@@ -212,11 +215,11 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
                     scale_mode: str, rht: bool, rht_signs, amax: torch.Tensor | None) -> QuantizedTensor:
     """One quantization of the whole tensor; only the Triton kernels take a ``StepStream`` as it is (its step
     read on the device), the other paths read its value."""
-    if rand is None and _use_cpu_fused(x):
+    if rand is None and _use_cpu_fused(x, fmt):
         return fused.quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, amax=amax)
     rand = rand if rounding == "sr" else None
-    if use_triton(x.device, quantize_supports(x)):
+    if use_triton(x.device, quantize_supports(x, fmt)):
         from ..triton.quantize import quantize_triton
 
         stream = seed if rounding == "sr" and rand is None else None  # SR bits hashed in the kernel
@@ -246,13 +249,15 @@ def _part_of(q: QuantizedTensor, rows: slice | torch.Tensor | None, batches: sli
 
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
     """fp32 values of ``q``: the fused CPU kernel, else the reference (elementwise, any device)."""
-    if _use_cpu_fused(q.codes):
+    if _use_cpu_fused(q.codes, q.fmt):
         return fused.dequantize_cpu(q)
     return dequantize_ref(q)
 
 
-def _use_cpu_fused(x: torch.Tensor) -> bool:
-    """The fused C kernels serve non-empty CPU tensors in ``auto`` mode, when they could be built."""
+def _use_cpu_fused(x: torch.Tensor, fmt: Format) -> bool:
+    """The fused C kernels serve non-empty CPU tensors of their formats in ``auto`` mode, when they could be built."""
+    if fmt not in fused.FORMATS:
+        return False
     if kernel_mode() != "auto" or x.device.type != "cpu" or x.numel() == 0 or x.dtype not in TRITON_DTYPES + (
             torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
         return False
@@ -292,6 +297,11 @@ def scaled_mm(
     if bias is not None and bias.shape != (ob.rows,):
         raise ValueError(f"scaled_mm: bias must have shape ({ob.rows},), got {tuple(bias.shape)}")
     device = oa.codes.device
+    if FP8_BLOCK in (oa.fmt, ob.fmt):
+        if blockwise_problem(device_capability(device), oa, ob) is None:
+            return scaled_mm_blockwise(oa, ob, bias, out_dtype)
+        triton_problem(device, "fp8_block operands run cuBLAS's blockwise GEMM (sm_90) or the reference product")
+        return reference_scaled_mm(a, b, bias, out_dtype)
     if use_triton(device, scaled_mm_supports(oa, ob)):
         path, _ = gemm_path(device_capability(device), oa, ob)
         if path == "native":

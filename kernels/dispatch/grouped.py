@@ -31,6 +31,15 @@ from ..cuda.scaled_mm import NATIVE_CAPABILITY
 from ..reference.quantize import check_quantize_args
 from . import dense as dispatch
 
+GROUPED_FORMATS = ("nvfp4", "mxfp8", "mxfp8_e5m2")  # the block formats grouped products run
+
+
+def grouped_format_problem(fmt: str) -> str | None:
+    """Why a grouped (experts) product cannot run in block format ``fmt`` (None where it can)."""
+    if fmt in GROUPED_FORMATS:
+        return None
+    return f"grouped (experts) GEMMs run {', '.join(GROUPED_FORMATS)}, not {fmt}"
+
 
 def group_bounds(offs: torch.Tensor, total: int) -> list[tuple[int, int]]:
     """(start, end) of each group from cumulative ends ``offs`` over a dim of size ``total`` (read on the host)."""
@@ -56,7 +65,7 @@ def quantize_row_groups(x: torch.Tensor, fmt: str | Format, offs: torch.Tensor, 
         raise ValueError(f"quantize_row_groups needs a 2D tensor, got shape {tuple(x.shape)}")
     fmt, kp = _checked_reduction(x, fmt, pad_k, rounding, False, scale_mode)
     dispatch.check_amax(amax, fmt, rht)
-    if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
+    if dispatch.use_triton(x.device, dispatch.quantize_supports(x, fmt)):
         from ..triton.quantize_grouped import quantize_row_groups_triton
 
         codes, scales, ts = quantize_row_groups_triton(x, fmt, offs, seed=seed if rounding == "sr" else None,
@@ -97,7 +106,7 @@ def quantize_batches(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne
         raise ValueError("quantize_batches: sr_of_transpose quantizes rows, which take no 16x16 tiles (tile2d)")
     fmt, kp = _checked_reduction(x, fmt, pad_k, rounding, tile2d, scale_mode)
     tile_rows = 16 if tile2d else 1
-    if dispatch.use_triton(x.device, dispatch.quantize_supports(x)):
+    if dispatch.use_triton(x.device, dispatch.quantize_supports(x, fmt)):
         from ..triton.quantize_grouped import quantize_batches_triton
 
         codes, scales, ts = quantize_batches_triton(x, fmt, seed=seed if rounding == "sr" else None,

@@ -23,7 +23,7 @@ from ..cuda.grouped_bf16 import torch_grouped_mm
 from ..triton.grouped_bf16 import bf16_grouped_mm
 from . import dense as dispatch
 from . import grouped as grouped_dispatch
-from .grouped import group_bounds
+from .grouped import group_bounds, grouped_format_problem
 from .grouped_route import EXACT, grouped_route
 
 
@@ -86,6 +86,8 @@ def grouped_mm(
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
+    if get_format(fmt).quantized and grouped_format_problem(get_format(fmt).name):
+        raise ValueError(f"grouped_mm: {grouped_format_problem(get_format(fmt).name)}")
     if amax_a is not None and (layout != "2d3d" or fmt != "nvfp4"):
         raise ValueError(f"grouped_mm(amax_a=...): a static amax is for the NVFP4 tokens of a 2d x 3d product, got "
                          f"format {fmt} with layout {layout}")

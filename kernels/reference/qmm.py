@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from autoprec.formats import NVFP4, Format, get_format
+from autoprec.formats import Format, get_format
 
 from .hadamard import rht_ref
 from .quantize import fake_quantize_ref
@@ -27,7 +27,7 @@ def qmm_ref(
     """``a @ b`` for ``a`` (..., M, K) and ``b`` (..., K, N) with both operands blocked along K.
 
     ``rht`` applies the random Hadamard transform along K to both operands first (the wgrad
-    recipe). ``tile2d_b`` gives ``b`` 16x16 NVFP4 tiles (a weight). SR draws operand a's bits from
+    recipe). ``tile2d_b`` gives ``b`` square tiles (a weight: NVFP4's 16x16, FP8-block's 128x128). SR draws operand a's bits from
     ``seed`` and b's from ``seed + 1``.
     """
     fmt_a, fmt_b = get_format(fmt_a), get_format(fmt_b)
@@ -44,7 +44,7 @@ def _opts(fmt: Format, rounding: str, seed: int, scale_mode: str, tile2d: bool) 
     if not fmt.quantized:
         return {}
     opts: dict = {"rounding": rounding, "seed": seed}
-    if fmt is NVFP4:
+    if fmt.tile:
         opts["tile2d"] = tile2d
     else:
         opts["scale_mode"] = scale_mode
