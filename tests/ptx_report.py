@@ -26,6 +26,7 @@ from autoprec.kernels.triton import decoded_gemm_tma as tma
 from autoprec.kernels.triton import grouped_mm as gg
 from autoprec.kernels.triton import quantize_cols as qc
 from autoprec.kernels.triton import quantize_dual as qd
+from autoprec.kernels.triton import quantize_fp8_block as fq
 from autoprec.kernels.triton import quantize_grouped as qg
 from autoprec.kernels.triton import quantize_k_groups as kg
 from autoprec.kernels.triton import quantize_rows as qt
@@ -160,6 +161,12 @@ def quantizers(full: bool) -> list[tuple[str, object, dict, dict, dict]]:
                 mx | wide, {LAUNCH_ALIGNED: True}))
     out.append(("quantize_mxfp8_rows_launch_br64_bk64_integer", qt._mxfp8_kernel.fn, QUANT_POINTERS | SIZES | bf16,
                 mx | wide | {"HW": False}, {LAUNCH_ALIGNED: True}))  # RNE in integer arithmetic, as interpreted
+    fp8_block = {"x_ptr": "*bf16", "stride_r": "i32", "stride_k": "i32", "codes_ptr": "*u8", "scales_ptr": "*fp32",
+                 "n_rows": "i32", "k_blocks": "i32"}
+    out.append(("quantize_fp8_block_rows_launch", fq._fp8_block_kernel, fp8_block,
+                {"BR": fq.ROWS, "TILE": False, "stride_k": 1}, {LAUNCH_ALIGNED: True}))
+    out.append(("quantize_fp8_block_tiles_launch", fq._fp8_block_kernel, fp8_block,
+                {"BR": fq.BLOCK, "TILE": True, "stride_k": 1}, {LAUNCH_ALIGNED: True, "num_warps": fq.TILE_WARPS}))
     return (out + column_kernels(mx, full) + dual_kernels(mx, full) + grouped_kernels(mx, full)
             + k_group_kernels(mx, full))
 

@@ -132,3 +132,38 @@ def test_product_equals_the_reference_qmm():
     y = scaled_mm(quantize(x, "fp8_block", 1), quantize(w, "fp8_block", 0, tile2d=True))
     assert bits_equal(y, qmm_ref(x, w, "fp8_block", "fp8_block", tile2d_b=True))
     assert float((y - x @ w).norm() / (x @ w).norm()) < 0.05
+
+
+@pytest.mark.parametrize("tile2d", [False, True], ids=["1x128", "128x128"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_quantizer_equals_the_reference(monkeypatch, tile2d, axis, dtype):
+    """The Triton kernel in the interpreter, rows and a column copy read down a strided dim, NaN, Inf and zero
+    blocks. bf16 inputs stay in the normal range: the interpreter's bf16 -> fp32 conversion mangles subnormals
+    (for every quantizer), a GPU's does not."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr("autoprec.kernels.core.launch.INTERPRET", None)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    x = wide_range(384, 256, 6) if dtype == torch.float32 else torch.randn(384, 256) * 2.0 ** 40
+    x = x if axis == 0 else x.t().contiguous()  # blocks along dim 0: a strided read of the same tensor
+    x[3, 5], x[200, 100], x[7, :] = float("nan"), float("inf"), 0.0
+    x = x.to(dtype)
+    got = quantize(x, "fp8_block", axis, tile2d=tile2d)
+    want = quantize_ref(x, "fp8_block", axis, tile2d=tile2d)
+    assert bits_equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8))
+    assert bits_equal(got.scales, want.scales) and got.tile_rows == want.tile_rows and got.axis == want.axis
+
+
+def test_triton_quantizer_takes_3d_tensors_and_leaves_sr_to_the_reference(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr("autoprec.kernels.core.launch.INTERPRET", None)
+    monkeypatch.setenv("AUTOPREC_KERNELS", "triton")
+    x = torch.randn(2, 128, 256)
+    for axis in (1, 2):
+        got, want = quantize(x, "fp8_block", axis), quantize_ref(x, "fp8_block", axis)
+        assert bits_equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8))
+        assert bits_equal(got.scales, want.scales)
+    with pytest.raises(ValueError, match="rounds to nearest without the RHT"):
+        quantize(x, "fp8_block", 2, rounding="sr")

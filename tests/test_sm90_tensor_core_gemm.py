@@ -146,7 +146,8 @@ def test_ptx_sm90_and_sm100_row_quantizers_vectorize_loads_as_launched(ptx_repor
     """Compiled as Triton specializes a launch on a row-major bf16 tensor (aligned, unit stride), the row
     quantizers read 16 bytes per load."""
     launched = [r for r in ptx_report if "_rows_launch" in r["kernel"] and r["cap"] == 90]
-    assert len(launched) == 6 and all(r["vector_loads"] for r in launched)  # 2 tiles + integer RNE, 2 formats
+    # 2 tiles + integer RNE, 2 formats; FP8-block's rows
+    assert len(launched) == 7 and all(r["vector_loads"] for r in launched)
 
 
 def test_ptx_sm90_and_sm100_quantizers_round_to_nearest_with_the_hardware_conversions(ptx_report, report_scope):
@@ -159,7 +160,8 @@ def test_ptx_sm90_and_sm100_quantizers_round_to_nearest_with_the_hardware_conver
     880 with 3.6, the floor), NVFP4 on sm_100 at most 0.8x (640 against 960), NVFP4 on sm_90, whose elements have
     no conversion there, at most 0.95x (912 against 976). No kernel converts its elements with SR (the hardware's
     SR is not the reference's)."""
-    fp8 = {"quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch"}
+    fp8 = {"quantize_mxfp8_rows_launch", "quantize_mxfp8_rows_launch_br64_bk64", "cols_quantize_mxfp8_rne_launch",
+           "quantize_fp8_block_rows_launch", "quantize_fp8_block_tiles_launch"}
     fp4 = {"quantize_nvfp4_rows_launch", "quantize_nvfp4_rows_launch_br64_bk64", "cols_quantize_nvfp4_rne_launch"}
     for cap in measured_caps(report_scope):
         rows = {r["kernel"]: r for r in ptx_report if r["cap"] == cap}
@@ -254,6 +256,15 @@ def test_ptx_sm90_and_sm100_quantizers_fuse_only_exact_products(ptx_report):
             file, line = where.split(":")
             source = (kernels_dir / file).read_text().splitlines()[int(line) - 1] if file.endswith(".py") else ""
             assert "# FMA-safe" in source, (r["kernel"], r["cap"], where, source)
+
+
+def test_ptx_sm90_fp8_block_quantizer_rounds_by_the_hardware_and_fuses_nothing(ptx_report):
+    """Hopper's FP8-block quantizer as launched (1x128 rows, 128x128 tiles at its warps): E4M3 by the saturating
+    conversion, no fp32 FMA (its scaling is one exact product), no register spills."""
+    rows = {r["kernel"]: r for r in ptx_report if r["cap"] == 90 and r["kernel"].startswith("quantize_fp8_block")}
+    assert len(rows) == 2
+    for r in rows.values():
+        assert r["fp8_cvt"] and not r["fma_lines"] and r["stack"] == 0, r
 
 
 def per_element(report: dict) -> float:

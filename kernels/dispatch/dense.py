@@ -83,8 +83,6 @@ def quantize_dtype_problem(dtype: torch.dtype) -> str | None:
 
 def quantize_supports(x: torch.Tensor, fmt: Format) -> str | None:
     """Why the Triton quantizer does not take this (already validated) input; None when it does."""
-    if fmt is FP8_BLOCK:
-        return "fp8_block has no Triton quantizer yet (the reference runs it, bit-exact)"
     return quantize_dtype_problem(x.dtype) or ("an empty tensor" if x.numel() == 0 else None)
 
 
@@ -138,6 +136,8 @@ def quantize_dual(x: torch.Tensor, fmt: str | Format, rows: QuantCopy, cols: Qua
     kernel runs in the interpreter (``AUTOPREC_KERNELS=triton``); elsewhere (CPU, a GPU for now, shapes it does
     not take) they are two quantizations. ``amax``: ``quantize``'s, for both copies."""
     fmt = get_format(fmt)
+    if fmt is FP8_BLOCK:  # no one-read kernel: the two copies are two of its quantizer's launches
+        return quantize_copies(x, fmt, rows, cols, scale_mode=scale_mode, rht_signs=rht_signs, amax=amax)
     problem = quantize_supports(x, fmt) or (dual_problem(x, fmt) if x.ndim == 2 else f"a {x.ndim}D tensor")
     # A GPU runs the two single quantizers until the one-read kernel has passed tests/test_gpu_quantize.py on a GPU
     # (its bytes and fields pair by pair): the interpreter does not exercise a GPU's scheduling of its two stores.
@@ -204,6 +204,14 @@ def transpose_tiles(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Te
     return transpose_tiles_ref(codes, scales)
 
 
+def fp8_block_problem(rounding: str, rht: bool) -> str | None:
+    """Why the Triton FP8-block quantizer does not take these options (None where it does): it rounds to nearest,
+    as the FP8-block recipes do, and takes no RHT."""
+    if rounding == "sr" or rht:
+        return "the Triton fp8_block quantizer rounds to nearest without the RHT (the reference takes both)"
+    return None
+
+
 def dual_problem(x: torch.Tensor, fmt: Format) -> str | None:
     """Why the one-read kernel cannot quantize 2D ``x`` both ways (a dim not a multiple of the block)."""
     if x.shape[0] % fmt.block_size or x.shape[1] % fmt.block_size:
@@ -219,7 +227,12 @@ def _quantize_whole(x, fmt: Format, axis: int, rounding: str, seed: int | StepSt
         return fused.quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, tile2d=tile2d,
                             scale_mode=scale_mode, rht=rht, rht_signs=rht_signs, amax=amax)
     rand = rand if rounding == "sr" else None
-    if use_triton(x.device, quantize_supports(x, fmt)):
+    if fmt is FP8_BLOCK:
+        if use_triton(x.device, quantize_supports(x, fmt) or fp8_block_problem(rounding, rht)):
+            from ..triton.quantize_fp8_block import quantize_fp8_block_triton
+
+            return quantize_fp8_block_triton(x, axis, tile2d=tile2d)
+    elif use_triton(x.device, quantize_supports(x, fmt)):
         from ..triton.quantize import quantize_triton
 
         stream = seed if rounding == "sr" and rand is None else None  # SR bits hashed in the kernel
