@@ -167,3 +167,28 @@ def test_triton_quantizer_takes_3d_tensors_and_leaves_sr_to_the_reference(monkey
         assert bits_equal(got.scales, want.scales)
     with pytest.raises(ValueError, match="rounds to nearest without the RHT"):
         quantize(x, "fp8_block", 2, rounding="sr")
+
+
+@pytest.mark.parametrize("shape,axis,tile2d", [((256, 384), 1, False), ((256, 384), 0, False), ((256, 384), 1, True),
+                                               ((256, 384), 0, True), ((2, 128, 256), 1, False),
+                                               ((2, 128, 256), 2, False)])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+def test_c_kernels_equal_the_reference(shape, axis, tile2d, rounding):
+    """The fused CPU kernels (``AUTOPREC_KERNELS=auto`` on this CPU) quantize and dequantize as the reference does,
+    the SR bits included, whatever the block axis; a part of the rows is the same part of the whole."""
+    from autoprec.kernels.core.random_bits import sr_bits
+    from autoprec.kernels.cpu import fused
+    from autoprec.kernels.dispatch import dense
+
+    if fused.unavailable_reason():
+        pytest.skip(fused.unavailable_reason())
+    x = wide_range(shape[0] * (shape[1] if len(shape) == 3 else 1), shape[-1], 7).reshape(shape)
+    x.view(-1)[5], x.view(-1)[1000] = float("nan"), float("inf")
+    got = quantize(x, "fp8_block", axis, tile2d=tile2d, rounding=rounding, seed=9)
+    rand = sr_bits(x.shape, 9, x.device) if rounding == "sr" else None
+    want = quantize_ref(x, "fp8_block", axis, tile2d=tile2d, rounding=rounding, rand=rand)
+    assert bits_equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8)) and bits_equal(got.scales, want.scales)
+    assert bits_equal(dense.dequantize(got), dequantize_ref(want))
+    if len(shape) == 2 and not tile2d:
+        part = dense.quantize(x, "fp8_block", axis, rounding=rounding, seed=9, rows=slice(3, 40))
+        assert bits_equal(part.scales, want.scales[3:40]) and part.shape[1 - axis] == 37

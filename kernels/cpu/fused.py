@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from autoprec.formats import MXFP8, MXFP8_E5M2, NVFP4, Format
+from autoprec.formats import FP8_BLOCK, MXFP8, MXFP8_E5M2, NVFP4, Format
 
 from ..core.quantized import QuantizedTensor, blocked_view, check_blocks, normalize_axis
 from ..core.random_bits import stream_keys
@@ -29,10 +29,10 @@ from ..reference.hadamard import rht_signs
 from ..reference.mxfp8 import MX_BLOCK
 from ..reference.nvfp4 import BLOCK
 
-FORMATS = (NVFP4, MXFP8, MXFP8_E5M2)  # the formats these kernels quantize and dequantize
+FORMATS = (NVFP4, MXFP8, MXFP8_E5M2, FP8_BLOCK)  # the formats these kernels quantize and dequantize
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / "quantize_cpu.c", CSRC / "quantize_cols.c"]
+SOURCES = [CSRC / "quantize_cpu.c", CSRC / "quantize_cols.c", CSRC / "fp8_block.c"]
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
          "-shared", "-fPIC"]
 _I64, _F32, _U32, _INT, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
@@ -52,6 +52,8 @@ SIGNATURES = {
                          _PTR],
     "nvfp4_quantize_cols": [_PTR, _I64, _I64, _I64, _F32, _F32, _INT, _U32, _U32, _I64, _I64, _PTR, _PTR],
     "rht16_cols": [_PTR, _I64, _I64, _I64, _PTR, _PTR],
+    "fp8_block_quantize": [_PTR, _I64, _I64, _I64, _INT, _U32, _U32, _I64, _PTR, _PTR],
+    "fp8_block_dequantize": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR],
 }
 
 
@@ -286,6 +288,8 @@ def quantize_cpu(
     ``batches`` (a 3D input's leading dim), with the whole tensor's tensor scale and SR bits. ``amax``: NVFP4's
     tensor amax given (int32 fp32 bits, ``dispatch.check_amax``), in place of the tensor's own."""
     axis = normalize_axis(axis, x.ndim)
+    if fmt is FP8_BLOCK:
+        return _fp8_block(x, axis, seed, tile2d, rht, rht_signs)
     given = None if amax is None else amax.reshape(1).view(torch.float32).cpu()
     tile_rows = BLOCK if tile2d else 1
     x = x.to(torch.float32)  # once (a no-op for fp32; keeps a transposed view's strides)
@@ -350,6 +354,25 @@ def quantize_cpu(
     return QuantizedTensor(fmt, elems.view(fmt.elem.torch_dtype), scales, None, axis, torch.Size(shape))
 
 
+def _fp8_block(x: torch.Tensor, axis: int, seed: int | None, tile2d: bool, rht: bool,
+               rht_signs: torch.Tensor | None) -> QuantizedTensor:
+    """FP8-block codes and fp32 scales of the whole of ``x`` (``dispatch`` cuts parts from it: its 1x128 blocks
+    share nothing across rows)."""
+    tile = FP8_BLOCK.tile if tile2d else 1
+    xm = blocked_view(x, FP8_BLOCK, axis, tile)
+    if rht:
+        xm = _rht(xm, rht_signs)
+    k = xm.shape[-1]
+    rows = xm.numel() // k
+    sr, k1, k2 = _sr_keys(seed)
+    codes = torch.empty(xm.shape, dtype=torch.uint8)
+    scales = torch.empty((rows // tile, k // FP8_BLOCK.block_size) if tile2d else xm.shape[:-1] + (
+        k // FP8_BLOCK.block_size,), dtype=torch.float32)
+    inner = int(torch.Size(x.shape[axis + 1:]).numel())
+    _call("fp8_block_quantize", xm, rows, k, tile, sr, k1, k2, inner, codes, scales)
+    return QuantizedTensor(FP8_BLOCK, codes.view(torch.float8_e4m3fn), scales, None, axis, x.shape, tile)
+
+
 @functools.cache
 def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
     """torch's fp32 value of each of the 256 bytes of an FP8 dtype (E4M3 block scales are decoded with it;
@@ -363,7 +386,10 @@ def dequantize_cpu(q: QuantizedTensor) -> torch.Tensor:
     k = q.shape[q.axis]
     out = torch.empty(codes.shape[:-1] + (k,), dtype=torch.float32)
     rows = out.numel() // k if k else 0
-    if q.fmt is NVFP4:
+    if q.fmt is FP8_BLOCK:
+        _call("fp8_block_dequantize", codes, rows, k, q.tile_rows, _fp8_table(torch.float8_e4m3fn),
+              q.scales.contiguous(), out)
+    elif q.fmt is NVFP4:
         scale = q.scales.view(torch.uint8)
         scale = (scale.repeat_interleave(BLOCK, 0) if q.tile_rows > 1 else scale).contiguous()
         _call("nvfp4_dequantize", codes, rows, k, scale, _fp8_table(torch.float8_e4m3fn), float(q.tensor_scale), out)

@@ -120,7 +120,7 @@ def quantize(
     if batches is not None and x.ndim != 3:
         raise ValueError(f"quantize(batches=...) needs a 3D tensor, got shape {tuple(x.shape)}")
     part = rows is not None or batches is not None
-    if part and rand is None and _use_cpu_fused(x, fmt):
+    if part and rand is None and _use_cpu_fused(x, fmt) and fmt is not FP8_BLOCK:  # (FP8-block: parts of the whole)
         return fused.quantize_cpu(x, fmt, axis, seed=int(seed) if rounding == "sr" else None, scale_mode=scale_mode,
                             rht=rht, rht_signs=rht_signs, rows=slice(None) if rows is None else rows, batches=batches,
                             amax=amax)
