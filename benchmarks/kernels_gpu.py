@@ -7,9 +7,11 @@
 Quantize GB/s counts the input once (NVFP4's amax pass reads it again) and the bytes written (codes and
 scales); SR bits are hashed in the kernels. "both" rows write the rowwise and columnwise copies as dispatch
 makes them (two quantizations on a GPU for now; "rne", the nvfp4 recipe's pairs, with one amax pass for both),
-"one read" rows from one read by the one-read kernel.
+"one read" rows from one read by the one-read kernel; "fp8_block" rows Hopper's format (1x128 blocks along rows or
+down columns, a weight's 128x128 tiles; one Triton kernel, not autotuned).
 Matmul TFLOP/s is 2·M·N·K / time at 4096³ and 8192x8192x2048 (and --size³), next to torch's bf16 matmul on the
-same shape, alone and with both operands' quantization; each row names the path dispatch took (native, decoded,
+same shape, alone and with both operands' quantization (first FP8-block: cuBLAS's blockwise GEMM, sm_90 only; the
+target there is 1.5x torch's bf16 with quantization); each row names the path dispatch took (native, decoded,
 tensor_core, fp32; "dec" with the product the decoded path timed faster at its first call), and beside it the
 in-register Triton GEMM and the decoded path's two products alone: cuBLAS's (an fp32 product, then the epilogue
 pass) and Triton's GEMM (its epilogue in registers, no fp32 product in memory; --sweep: at several tiles), and that
@@ -21,10 +23,11 @@ Triton's one-launch kernels); bmm rows time a planned batched product (attention
 bf16 bmm; grouped quantize rows time the fprop's token groups and expert weights quantized in one pass each
 against one quantization per group.
 The step is one forward+backward of a ~350M-parameter GPT (24 layers, d=1024, ctx 1024, batch 8) in bf16 under
-plain inductor, against autoprec's nvfp4, mxfp8 and auto plans (inner inductor), each compiled as torchtitan does:
+plain inductor, against autoprec's nvfp4, mxfp8, auto, fp8_block and auto-on-Hopper's-menu (hardware="h100",
+cost="at_scale") plans (inner inductor), each compiled as torchtitan does:
 every block and the head on its own (--compile blocks; the embeddings and the loss run eagerly in every row), so
 blocks planned alike share one compile and the warm-up grows far less with the layers (--compile whole: the model
-as one graph, as the first GPU run did at 8 layers); --graphs adds the bf16 and nvfp4
+as one graph, as the first GPU run did at 8 layers); --graphs adds the bf16, nvfp4, fp8_block and Hopper-auto
 steps under mode="reduce-overhead" (CUDA graphs, which remove the per-op host time benchmarks/host_overhead.py
 measures). The peaks default to the H200 (HBM3e 4.8 TB/s, dense BF16 989 TFLOP/s). Targets (docs/gpu.md): quantize >=
 70% of HBM peak, planned GEMMs >= 90% of torch bf16, a planned step <= 1.15x the bf16 step.
@@ -101,6 +104,9 @@ def main() -> None:
         ("mxfp8 rows", dict(fmt="mxfp8", axis=1)),
         ("mxfp8 cols", dict(fmt="mxfp8", axis=0)),
         ("mxfp8_e5m2 rows sr", dict(fmt="mxfp8_e5m2", axis=1, rounding="sr", seed=seed)),
+        ("fp8_block rows", dict(fmt="fp8_block", axis=1)),
+        ("fp8_block cols (wgrad copy)", dict(fmt="fp8_block", axis=0)),
+        ("fp8_block 128x128", dict(fmt="fp8_block", axis=1, tile2d=True)),
     ]
     duals = [  # an activation (fprop rows, wgrad columns + RHT) and a gradient (SR on both, RHT on columns); the
         # nvfp4 recipe's pairs (both copies round to nearest, no RHT: one amax pass for both on a GPU)
@@ -119,7 +125,8 @@ def main() -> None:
         gbs = (x.nbytes + written) / ms / 1e6
         fmt = "nvfp4" if name.startswith("nvfp4") else "mxfp8"  # the autotuned kernel this case launched
         module, kind = (qd, "_dual") if "one read" in name else (qc, "_cols") if "cols" in name else (qt, "")
-        tile = None if "both" in name else getattr(module, f"_{fmt}{kind}_kernel").best_config  # both: two kernels
+        fixed = "both" in name or name.startswith("fp8_block")  # two kernels, or one not autotuned
+        tile = None if fixed else getattr(module, f"_{fmt}{kind}_kernel").best_config
         chosen = f"  {tile.kwargs['BR']}x{tile.kwargs['BK']}/{tile.num_warps}" if tile is not None else ""
         print(f"{name:<28}{ms:>9.3f}{gbs:>9.0f}{100 * gbs / (args.hbm_tbs * 1e3):>7.0f}%{chosen}")
     inductor_reference(rig, x, cases[:1] if rig.dry else [cases[i] for i in (0, 1, 4, 5, 6)], args.hbm_tbs)
@@ -176,6 +183,7 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
     print(f"{'torch bf16':<28}{ms_bf16:>9.3f}{flops / ms_bf16 / 1e9:>9.0f}{1.0:>8.2f}"
           f"{100 * flops / ms_bf16 / 1e9 / peak:>7.0f}%")
     capability = rig.capability()
+    fp8_block(rig, x, w, flops, ms_bf16, peak)
     for fmt in ("nvfp4", "mxfp8", "bf16"):
         a = x if fmt == "bf16" else quantize(x, fmt, 1)
         b = w if fmt == "bf16" else quantize(w, fmt, 0)
@@ -201,6 +209,28 @@ def matmuls(rig: Rig, m: int, n: int, k: int, peak: float) -> None:
         if capability >= (9, 0):  # the TMA: Hopper on
             row(rig, "  decoded + Triton TMA GEMM", lambda: scaled_mm_decoded_tma(oa, ob, None, torch.bfloat16),
                 flops, ms_bf16, peak)
+
+
+def fp8_block(rig: Rig, x: torch.Tensor, w: torch.Tensor, flops: int, ms_bf16: float, peak: float) -> None:
+    """The FP8-block product (activations in 1x128 blocks, the weight in 128x128 tiles): cuBLAS's blockwise GEMM on
+    sm_90, alone and with both quantizations; elsewhere the row says why it does not run."""
+    from autoprec.kernels import quantize, scaled_mm
+    from autoprec.kernels.core.operand import as_operand
+    from autoprec.kernels.cuda.scaled_mm_blockwise import blockwise_problem
+
+    (k, n), why = w.shape, None
+    if k % 128 or n % 128:
+        why = f"K={k}, N={n}: the weight's 128x128 tiles do not fit"
+    else:
+        a, b = quantize(x, "fp8_block", 1), quantize(w, "fp8_block", 0, tile2d=True)
+        why = blockwise_problem(rig.capability(), as_operand(a, 1, "a"), as_operand(b, 0, "b"))
+    if why:
+        print(f"{'autoprec fp8_block':<28}  not timed: {why}")
+        return
+    row(rig, "autoprec fp8_block (cuBLAS)", lambda: scaled_mm(a, b, out_dtype=torch.bfloat16), flops, ms_bf16, peak)
+    row(rig, "  + quantize x, w", lambda: scaled_mm(quantize(x, "fp8_block", 1), quantize(w, "fp8_block", 0,
+                                                                                           tile2d=True),
+                                                    out_dtype=torch.bfloat16), flops, ms_bf16, peak)
 
 
 def chosen_product(call) -> str:
@@ -390,9 +420,14 @@ def training_step(rig: Rig, layers: int, regional: bool, profile: bool = False, 
     print(f"\n{f'training step, GPT {layers}x{d}, {how}':<28}{'ms':>9}{'x bf16':>8}{'calls 1/2/3 s':>15}  FLOP shares")
     runs = [("bf16 (inductor)", None, None), ("autoprec nvfp4", "nvfp4", None), ("autoprec mxfp8", "mxfp8", None),
             ("autoprec auto", "auto", None)]
+    if not rig.dry:  # (the interpreter's forced Triton has no FP8-block GEMM)
+        runs += [("autoprec fp8_block", "fp8_block", None), ("autoprec auto, h100 menu", "auto_h100", None)]
     if graphs:
         runs += [("bf16 (CUDA graphs)", None, "reduce-overhead"), ("autoprec nvfp4 (CUDA graphs)", "nvfp4",
                                                                    "reduce-overhead")]
+        if not rig.dry:
+            runs += [("autoprec fp8_block (CUDA graphs)", "fp8_block", "reduce-overhead"),
+                     ("autoprec auto, h100 (CUDA graphs)", "auto_h100", "reduce-overhead")]
     base = None
     for name, recipe, mode in runs:
         torch._dynamo.reset()
@@ -401,7 +436,8 @@ def training_step(rig: Rig, layers: int, regional: bool, profile: bool = False, 
         if recipe is None:
             compile_args = {"mode": mode}
         else:  # torch.compile takes mode or options, not both: autoprec's options carry the mode
-            options = {"recipe": recipe, "inner": "inductor"} | ({"mode": mode} if mode else {})
+            hardware = {"recipe": "auto", "hardware": "h100", "cost": "at_scale"} if recipe == "auto_h100" else {}
+            options = {"recipe": recipe, "inner": "inductor"} | hardware | ({"mode": mode} if mode else {})
             compile_args = {"backend": "autoprec", "options": options}
         if regional:
             for module in [*model.blocks, model.lm_head]:

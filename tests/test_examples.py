@@ -113,13 +113,15 @@ def test_gpu_benchmark_dry_run_prints_every_section_and_row():
     assert sections == ["quantize", "quantize, inductor reference"] + ["matmul"] * 3 + [
         "tile sweep", "grouped fprop", "grouped wgrad", "bmm", "grouped quantize"], out
     rows = timed_rows(out)
-    assert len(rows) == 16 + 1 + 3 * 12 + 2 * (8 + 5 + 4) + 2 * 7 + 5 + 9, out  # the dry run's one inductor row
+    assert len(rows) == 19 + 1 + 3 * 12 + 2 * (8 + 5 + 4) + 2 * 7 + 5 + 9, out  # the dry run's one inductor row
     assert re.search(r"^nvfp4 rows .*x the Triton kernel's speed$", out, re.M), out
     assert {"nvfp4 cols sr + rht", "mxfp8 one read, activation", "nvfp4 both, rne", "nvfp4 one read, rne",
             "autoprec nvfp4 (tensor_core)", "+ quantize x, w", "decoded + cuBLAS", "decoded + Triton GEMM",
             "decoded + Triton TMA GEMM", "nvfp4 dec 128x128x64 w8 s3", "mxfp8 tma 256x128x64 w8 s3",
             "nvfp4 + quantize, per group", "+ quantize q, k", "nvfp4 weights, batched",
-            "nvfp4 weights 1x16, batched"} <= set(rows)
+            "nvfp4 weights 1x16, batched", "fp8_block 128x128", "fp8_block cols (wgrad copy)"} <= set(rows)
+    # no blockwise GEMM in the interpreter: each matmul section says why it left FP8-block out
+    assert len(re.findall(r"^autoprec fp8_block +not timed: \S", out, re.M)) == 3, out
     chosen = dict(re.findall(r"^(\S.*?)\s+\d+\.\d{3}\s+\d+\s+\d+%  (\d+x\d+/\d+)$", out, re.M))
     slices = "{BR}x{BK}/".format(**INTERPRETER_TILE.kwargs) + str(INTERPRETER_TILE.num_warps)
     assert chosen["nvfp4 cols sr + rht"] == chosen["mxfp8 cols"] == slices, chosen  # the slice kernels' choice
