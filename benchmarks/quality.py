@@ -49,6 +49,7 @@ FIXED = {
     "nvfp4_nvidia": {"recipe": "nvfp4_nvidia"},
     "mxfp8_fwd+nvfp4_bwd": {"recipe": "mxfp8", "overrides": {"*": {"dgrad": "nvfp4", "wgrad": "nvfp4"}}},
     "nvfp4_fprop_only": {"recipe": "bf16", "overrides": {"*": {"fprop": "nvfp4"}}},
+    "fp8_block": {"recipe": "fp8_block", "hardware": "h100"},  # Hopper's recipe, costed on Hopper's table
 }
 TAIL = 0.15  # the schedule row: the forward in BF16 for the last 15% of steps
 LIGHT_GRAD = {"noise": 0.05, "bias": 0.25}  # auto rows "+light_grad": a damage model that charges gradients less
