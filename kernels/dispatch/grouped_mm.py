@@ -86,7 +86,7 @@ def grouped_mm(
     if layout is None:
         raise ValueError(f"grouped_mm: shapes {tuple(a.shape)} x {tuple(b.shape)} with"
                          f"{'' if offs is not None else 'out'} offsets are not a supported layout")
-    if get_format(fmt).quantized and grouped_format_problem(get_format(fmt).name):
+    if fmt != EXACT and get_format(fmt).quantized and grouped_format_problem(get_format(fmt).name):
         raise ValueError(f"grouped_mm: {grouped_format_problem(get_format(fmt).name)}")
     if amax_a is not None and (layout != "2d3d" or fmt != "nvfp4"):
         raise ValueError(f"grouped_mm(amax_a=...): a static amax is for the NVFP4 tokens of a 2d x 3d product, got "
