@@ -98,12 +98,13 @@ def lr_at(step: int, args) -> float:
     return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
 
 
-def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidia: float | None) -> dict:
+def run(family: str, name: str, seed: int, args, data, progress: Progress, options: dict) -> dict:
+    """One training run of row ``name`` (its autoprec ``options``) on ``family`` from ``seed``."""
     train, val = data
     torch._dynamo.reset()  # a fresh compile per run (dynamo stops compiling a code object after 8 recompiles)
     torch.manual_seed(seed)
     model = build(family, args)
-    compiled = torch.compile(model, backend="autoprec", options=recipe_options(name, args.steps, nvidia))
+    compiled = torch.compile(model, backend="autoprec", options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, args))
     stream = Batches(train, args.ctx, args.batch, seed=seed)
@@ -129,6 +130,8 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
     stats = state.calibration.stats if state.calibration else {}
     damages = {"|".join(map(str, k)): {c.label: damage(st, MatmulRole(k[1])) for c, st in by_cand.items()}
                for k, by_cand in stats.items()}
+    raw = {"|".join(map(str, k)): {c.label: (st.err, st.bias, st.loss) for c, st in by_cand.items()}
+           for k, by_cand in stats.items()}
     steady = times[3:] or times
     return {
         "model": family, "recipe": name, "seed": seed, "val_loss": val_loss, "val_losses": val_losses,
@@ -139,6 +142,7 @@ def run(family: str, name: str, seed: int, args, data, progress: Progress, nvidi
         "choices": {"|".join(map(str, d.key)): Candidate(d.fmt, d.rounding, d.rht, d.tile2d).label
                     for d in plan.decisions},
         "damage_table": damages,  # auto rows: every measured candidate's damage, per GEMM
+        "stats_table": raw,  # auto rows: every measured candidate's (err, bias, loss), per GEMM
     }
 
 
@@ -304,7 +308,8 @@ def main() -> None:
                         continue
                     nvidia = next((r["at_scale"] for r in results if r["model"] == family and r["seed"] == seed
                                    and r["recipe"] == "nvfp4_nvidia"), None)
-                    results.append(run(family, recipe, seed, args, data, progress, nvidia))
+                    options = recipe_options(recipe, args.steps, nvidia)
+                    results.append(run(family, recipe, seed, args, data, progress, options))
                     write_json(results, args)  # after every run: a long run cut short keeps what it measured
     moe = f", MoE {args.moe} experts top-2" if args.moe else ""
     print(f"{args.layers} layers, d={args.d}, ctx={args.ctx}, batch {args.batch}, {args.steps} steps, "

@@ -59,6 +59,27 @@ def test_train_example_prints_loss_and_plan():
     assert "step    2  loss" in out and "validation loss" in out and "projected GEMM speedup" in out
 
 
+def test_damage_fit_fits_on_one_family_and_ranks_the_other(tmp_path):
+    """``damage_fit.py --quick``: every plan of both families trained and paired against BF16, features from the
+    seed's auto calibration, non-negative weights fitted on the first family, a Spearman line per family."""
+    out = run("benchmarks/damage_fit.py", "--quick", "--out", str(tmp_path))
+    assert re.search(r"^weights \(% gap per unit of mean feature\): fprop_fisher [\d.e+-]+, dgrad_noise", out, re.M)
+    assert len(re.findall(r"^Spearman \(predicted vs measured, 6 plans\): ", out, re.M)) == 2, out
+    rows = json.loads((tmp_path / "damage_fit.json").read_text())
+    assert len(rows) == 2 * 8 * 2 and all(r["stats_table"] for r in rows if r["recipe"] == "auto")
+
+
+def test_damage_fit_arithmetic():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import damage_fit
+
+    assert damage_fit.spearman([1, 2, 3, 4], [10, 20, 30, 25]) == pytest.approx(0.8)
+    assert damage_fit.ranks([3.0, 1.0, 3.0]) == [1.5, 0.0, 1.5]
+    x = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    assert damage_fit.nnls(x, [2.0, -1.0, 1.0]) == pytest.approx([1.5, 0.0])  # the negative weight is dropped
+    assert damage_fit.nnls(x, [2.0, 3.0, 5.0]) == pytest.approx([2.0, 3.0])
+
+
 def test_quality_benchmark_writes_its_table_and_json(tmp_path):
     """The protocol's rows on both model families: paired gaps, both projections, auto's paired differences."""
     auto = "auto@nv+light_grad+recal"  # auto at nvfp4_nvidia's speedup, gradient weights, recalibration
