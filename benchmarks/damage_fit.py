@@ -157,11 +157,11 @@ def main() -> None:
     parser.add_argument("--val-batches", type=int, default=10)
     parser.add_argument("--checkpoints", type=int, default=4)
     parser.add_argument("--moe", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 2 seeds")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 1 seed")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, 2, 1
+        args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, 1, 1
         args.mixtures = 1
     args.out.mkdir(parents=True, exist_ok=True)
     data = split(stdlib_bytes())
