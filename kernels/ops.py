@@ -118,18 +118,20 @@ def _quantized_like(x: Tensor, fmt: str, axis: int, tile2d: bool) -> tuple[Tenso
 
 
 @_op()
-def transpose_tiles(codes: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
-    """The stored (codes, scales) of the transpose of a 16x16-tiled NVFP4 matrix stored (R, K): the same
-    tiles with the same scales and every element with its code, now blocked along the other dim. With
-    16x16 tiles this is exactly the quantization of the transposed matrix, so a weight quantized for
-    fprop serves its dgrad too (``dispatch.transpose_tiles``)."""
-    return dispatch.transpose_tiles(codes, scales)
+def transpose_tiles(codes: Tensor, scales: Tensor, fmt: str = "nvfp4") -> tuple[Tensor, Tensor]:
+    """The stored uint8 (codes, scales) of the transpose of a square-tiled matrix stored (R, K) (NVFP4's 16x16
+    tiles, FP8-block's 128x128): the same tiles with the same scales and every element with its code, now blocked
+    along the other dim. With square tiles this is exactly the quantization of the transposed matrix, so a weight
+    quantized for fprop serves its dgrad too (``dispatch.transpose_tiles``)."""
+    return dispatch.transpose_tiles(codes, scales, fmt)
 
 
 @_fake(transpose_tiles)
-def _(codes, scales):
-    rows, half_k = codes.shape
-    return codes.new_empty((2 * half_k, rows // 2)), scales.new_empty((scales.shape[1], scales.shape[0]))
+def _(codes, scales, fmt="nvfp4"):
+    rows, k = codes.shape
+    if get_format(fmt) is FP8_BLOCK:  # fp32 scales as 4 bytes each
+        return codes.new_empty((k, rows)), scales.new_empty((k // 128, scales.shape[0] * 4))
+    return codes.new_empty((2 * k, rows // 2)), scales.new_empty((scales.shape[1], scales.shape[0]))
 
 
 def from_parts(

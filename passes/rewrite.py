@@ -1,7 +1,7 @@
 """Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm; each
 planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes each group on its own
 (``grouped_mm_on_device``, the op without the CUDA-graph tag, where it reads nothing on the host). A weight
-in 16x16 NVFP4 tiles is quantized once: its dgrad reads the transpose of its fprop's quantization."""
+in square tiles (NVFP4 16x16, FP8-block 128x128) is quantized once: its dgrad reads the transpose of its fprop's quantization."""
 from __future__ import annotations
 
 import operator
@@ -137,7 +137,7 @@ def add_like(graph: fx.Graph, op, args: tuple, like: fx.Node, tag: dict | None =
 
 def _shared_weight(graph: fx.Graph, info: RoleInfo, d: Decision, shared: dict, meta: dict, tag: dict
                    ) -> list[fx.Node] | None:
-    """A dgrad's 16x16-tiled weight operand as the transpose of its fprop's quantization (the same
+    """A dgrad's square-tiled weight operand as the transpose of its fprop's quantization (the same
     tiles, scales and codes: the weight is quantized once per step); None where there is none to share."""
     key = _weight_key(info, d)
     if info.role is not MatmulRole.DGRAD or key not in shared:
@@ -147,15 +147,14 @@ def _shared_weight(graph: fx.Graph, info: RoleInfo, d: Decision, shared: dict, m
         return None
     tag = {**tag, "operand": "b"}
     with detect_fake_mode([codes.meta["val"]]):
-        vals = autoprec_ops.transpose_tiles.default(codes.meta["val"], scales.meta["val"])
-    node = _add(graph, autoprec_ops.transpose_tiles.default, (codes, scales), {}, meta, vals, tag)
+        vals = autoprec_ops.transpose_tiles.default(codes.meta["val"], scales.meta["val"], d.fmt)
+    node = _add(graph, autoprec_ops.transpose_tiles.default, (codes, scales, d.fmt), {}, meta, vals, tag)
     return [_add(graph, operator.getitem, (node, i), {}, meta, vals[i], tag) for i in range(2)] + [ts]
 
 
 def _weight_key(info: RoleInfo, d: Decision) -> tuple | None:
-    """What makes two GEMMs' 16x16-tiled NVFP4 weight quantizations the same: weight, format, dtype. (FP8-block's
-    128x128 tiles are quantized again for dgrad: ``transpose_tiles`` moves NVFP4's packed codes only.)"""
-    if info.weight_operand != 1 or info.weight_placeholder is None or d.rht or d.fmt != "nvfp4":
+    """What makes two GEMMs' square-tiled weight quantizations the same: weight, format, dtype."""
+    if info.weight_operand != 1 or info.weight_placeholder is None or d.rht:
         return None
     if not operand_spec(d, 1, info.mm.b.meta["val"].ndim, info.grad_operand, info.weight_operand).tile2d:
         return None
@@ -192,7 +191,7 @@ def rewrite_matmuls(
     def current(x: fx.Node | None) -> fx.Node | None:
         return replaced.get(x, x)
 
-    shared: dict[tuple, tuple] = {}  # 16x16-tiled weights quantized by an fprop (parts, b's shape), for dgrads
+    shared: dict[tuple, tuple] = {}  # square-tiled weights quantized by an fprop (parts, b's shape), for dgrads
     fprop_first = sorted(decisions.items(), key=lambda item: infos[item[0]].role is not MatmulRole.FPROP)
     for node, d in fprop_first:
         if not d.rewritten:

@@ -67,3 +67,29 @@ def test_experts_gemms_do_not_run_fp8_block_and_say_why():
     c(torch.randn(2, 32, 128)).pow(2).mean().backward()
     experts = [d for d in autoprec.plan(c).decisions if d.groups]
     assert experts and all(d.fmt == "bf16" and "grouped (experts) GEMMs run nvfp4" in d.reason for d in experts)
+
+
+def test_a_weight_is_quantized_once_for_fprop_and_dgrad(monkeypatch):
+    """The dgrad reads the transpose of the fprop's 128x128-tiled weight (``transpose_tiles``), bit for bit what
+    quantizing it again would give: one weight quantization per step instead of two."""
+    from autoprec.kernels.dispatch import dense as dispatch
+    from autoprec.kernels.ops import transpose_tiles
+
+    w = torch.randn(256, 384) * torch.logspace(-3, 3, 384)
+    w[5, 9] = float("nan")
+    fprop = dispatch.quantize(w.t(), "fp8_block", 0, tile2d=True)  # b = Wᵀ, stored (256, 384)
+    dgrad = dispatch.quantize(w, "fp8_block", 0, tile2d=True)  # b = W, stored (384, 256)
+    codes, scales = transpose_tiles(fprop.codes.view(torch.uint8), fprop.scales.view(torch.uint8), "fp8_block")
+    assert bits_equal(codes, dgrad.codes.view(torch.uint8)) and bits_equal(scales, dgrad.scales.view(torch.uint8))
+    torch.library.opcheck(torch.ops.autoprec.transpose_tiles.default,
+                          (fprop.codes.view(torch.uint8), fprop.scales.view(torch.uint8), "fp8_block"))
+
+    quantized = []
+    real = dispatch.quantize
+    monkeypatch.setattr(dispatch, "quantize", lambda x, fmt, *a, **k: quantized.append(
+        (tuple(x.shape), k.get("tile2d"))) or real(x, fmt, *a, **k))
+    torch.manual_seed(0)
+    m = MLP(d=128, h=256)
+    c = torch.compile(m, backend="autoprec", options={"recipe": "fp8_block"})
+    c(torch.randn(2, 64, 128, requires_grad=True)).pow(2).mean().backward()
+    assert sorted(shape for shape, tiles in quantized if tiles) == [(128, 256), (256, 128)], quantized  # once each

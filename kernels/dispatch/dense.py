@@ -194,9 +194,15 @@ def check_amax(amax: torch.Tensor | None, fmt: Format, rht: bool) -> None:
                          f"of shape {tuple(amax.shape)}")
 
 
-def transpose_tiles(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference.nvfp4.transpose_tiles_ref`` of a 16x16-tiled NVFP4 matrix's uint8 codes and scales: one Triton launch
-    where Triton runs, else the reference's torch ops."""
+def transpose_tiles(codes: torch.Tensor, scales: torch.Tensor, fmt: str | Format = "nvfp4"
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uint8 codes and scales of a square-tiled matrix's transpose: NVFP4's 16x16 tiles by
+    ``reference.nvfp4.transpose_tiles_ref`` (one Triton launch where Triton runs, else the reference's torch ops);
+    FP8-block's 128x128 tiles are one code per byte and one fp32 scale per tile, transposed as they are."""
+    if get_format(fmt) is FP8_BLOCK:
+        dense = torch.contiguous_format  # (.contiguous() keeps a size-1 dim's stride, which .view() refuses)
+        tiles = scales.view(torch.float32).t().clone(memory_format=dense)
+        return codes.t().clone(memory_format=dense), tiles.view(torch.uint8)
     if use_triton(codes.device, None):
         from ..triton.transpose_tiles import transpose_tiles_triton
 
