@@ -4,8 +4,7 @@
                                                       [--steps 300] [--layers 2] [--d 64] [--quick]
 
 Per family: the recipes (mxfp8, nvfp4, nvfp4_nvidia, nvfp4 on fprop only, mxfp8 forward + nvfp4 backward) and
-``--mixtures`` random per-GEMM plans (each (module, role) in bf16, mxfp8 or nvfp4, drawn from a fixed seed) are
-trained with ``quality.py``'s protocol, paired against BF16 over ``--seeds`` seeds (the validation loss averaged over
+``--mixtures`` random per-GEMM plans are trained with ``quality.py``'s protocol, paired against BF16 over ``--seeds`` seeds (the validation loss averaged over
 the last quarter). Every plan's features come from the same calibration the solver sees (an ``auto`` run of the
 seed, ``measure="all"``), averaged over the plan's GEMMs: the forward's loss-weighted error (the Fisher score
 Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y², ModelOpt AutoQuantize's), and for dgrad and wgrad their relative noise
@@ -46,11 +45,23 @@ def linear_modules(family: str, args) -> list[str]:
 
 
 def mixture(family: str, index: int, args) -> dict:
-    """Options of mixture ``index``: every (Linear, role) in a format drawn from MIX_FORMATS (a fixed stream)."""
+    """Options of mixture ``index`` (a fixed random stream): even mixtures give every (Linear, role) a format drawn
+    from MIX_FORMATS (NVFP4 gradients then take SR, and wgrad the RHT: unbiased); odd ones start from the ``nvfp4``
+    recipe (round-to-nearest everywhere: biased gradients) and move a random share of the (Linear, role) pairs to
+    one of MIX_FORMATS, so the plans span gaps from BF16's to round-to-nearest's."""
     rng = random.Random(1000 + index)
-    overrides = {name: {role: rng.choice(MIX_FORMATS) for role in ("fprop", "dgrad", "wgrad")}
-                 for name in linear_modules(family, args)}
-    return {"recipe": "bf16", "overrides": overrides}
+    pairs = [(name, role) for name in linear_modules(family, args) for role in ("fprop", "dgrad", "wgrad")]
+    if index % 2 == 0:
+        overrides: dict = {}
+        for name, role in pairs:
+            overrides.setdefault(name, {})[role] = rng.choice(MIX_FORMATS)
+        return {"recipe": "bf16", "overrides": overrides}
+    share = rng.uniform(0.2, 0.8)
+    overrides = {}
+    for name, role in pairs:
+        if rng.random() < share:
+            overrides.setdefault(name, {})[role] = rng.choice(MIX_FORMATS)
+    return {"recipe": "nvfp4", "overrides": overrides}
 
 
 def plans(family: str, args) -> dict[str, dict]:
@@ -159,13 +170,16 @@ def main() -> None:
     parser.add_argument("--moe", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 1 seed")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs of --out/damage_fit.json (made with the same settings) and add the missing")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, 1, 1
         args.mixtures = 1
     args.out.mkdir(parents=True, exist_ok=True)
     data = split(stdlib_bytes())
-    results: list[dict] = []
+    path = args.out / "damage_fit.json"
+    results: list[dict] = json.loads(path.read_text()) if args.resume and path.exists() else []
     with Progress() as progress:
         measured = {family: measure(family, args, data, progress, results) for family in (args.fit, args.validate)}
     fit = measured[args.fit]

@@ -30,6 +30,7 @@ COMMANDS = [  # (pattern of one command, how the suite covers it: "run", "slow",
     (r"python -m pytest\b.*", ".ci/run and this suite themselves"),
     (r"python examples/quickstart\.py", "run"),
     (r"python benchmarks/quality\.py --quick .*", "run"),
+    (r"python benchmarks/damage_fit\.py --quick", "tests/test_examples.py"),
     (r"python benchmarks/kernels_gpu\.py --dry-run", "slow"),
     (r"OUT=\$OUT .*bash scripts/gpu_check\.sh", GPU),
 ]
