@@ -4,15 +4,15 @@
                                                       [--steps 300] [--layers 2] [--d 64] [--quick]
 
 Per family: the recipes (mxfp8, nvfp4, nvfp4_nvidia, nvfp4 on fprop only, mxfp8 forward + nvfp4 backward) and
-``--mixtures`` random per-GEMM plans are trained with ``quality.py``'s protocol, paired against BF16 over ``--seeds`` seeds (the validation loss averaged over
-the last quarter). Every plan's features come from the same calibration the solver sees (an ``auto`` run of the
-seed, ``measure="all"``), averaged over the plan's GEMMs: the forward's loss-weighted error (the Fisher score
-Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y², ModelOpt AutoQuantize's), and for dgrad and wgrad their relative noise
-|Ĝ-G|²/|G|² and relative bias. The gradient terms are relative to the gradient's own size, which is what Adam's
+``--mixtures`` random per-GEMM plans (``mixture``) are trained with ``quality.py``'s protocol, paired against BF16
+over ``--seeds`` seeds (the validation loss averaged over the last quarter). Every plan's features come from the
+same calibration the solver sees (an ``auto`` run of the seed, ``measure="all"``), averaged over the plan's GEMMs:
+the forward's loss-weighted error (the Fisher score Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y², ModelOpt AutoQuantize's), and
+for dgrad and wgrad their relative noise |Ĝ-G|²/|G|² and relative bias. The gradient terms are relative to the gradient's own size, which is what Adam's
 update divides by (its second moment is the gradient's running square), so they are the update's relative error to
 first order. The model: predicted gap (%) = Σ w_i · feature_i with w >= 0, fitted by least squares on ``--fit``'s
-plans; printed: the weights, each plan's predicted and measured gap, and the Spearman rank correlation on the
-``--validate`` family's plans (the issue's bar: >= 0.8). ``--quick`` is a seconds-long smoke run.
+plans; printed: the weights, each plan's predicted and measured gap, and the Spearman rank correlation on each
+family's plans (the held-out ``--validate`` family's is the test). ``--quick`` is a seconds-long smoke run.
 """
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from quality import ROOT, FIXED, build, mean_se, run
+from quality import FIXED, ROOT, build, mean_se, run
 from rich.progress import Progress
 
 from autoprec.roles import MatmulRole
+
 from corpus import split, stdlib_bytes
 
 RECIPES = ["mxfp8", "nvfp4", "nvfp4_nvidia", "nvfp4_fprop_only", "mxfp8_fwd+nvfp4_bwd"]
@@ -131,7 +132,8 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
-def measure(family: str, args, data, progress: Progress, results: list[dict]) -> dict[str, tuple[float, float, list]]:
+def measure(family: str, args, data, progress: Progress, results: list[dict]
+            ) -> dict[str, tuple[float, float, list]]:
     """Each plan's paired gap to BF16 in % (mean, standard error) and mean features over the seeds."""
     for name, options in plans(family, args).items():
         for seed in range(args.seeds):
@@ -144,7 +146,8 @@ def measure(family: str, args, data, progress: Progress, results: list[dict]) ->
             continue
         gaps, feats = [], []
         for seed in range(args.seeds):
-            row, base, auto = (next(r for r in results if r["model"] == family and r["recipe"] == n and r["seed"] == seed)
+            row, base, auto = (next(r for r in results
+                                    if r["model"] == family and r["recipe"] == n and r["seed"] == seed)
                                for n in (name, "bf16", "auto"))
             gaps.append(100 * (row["val_loss"] / base["val_loss"] - 1))
             feats.append(features(row, auto))

@@ -1,7 +1,8 @@
 """Rewrite pass: each planned mm / addmm / bmm becomes autoprec quantize ops feeding one scaled_mm; each
 planned grouped (experts) GEMM becomes one autoprec grouped_mm, which quantizes each group on its own
 (``grouped_mm_on_device``, the op without the CUDA-graph tag, where it reads nothing on the host). A weight
-in square tiles (NVFP4 16x16, FP8-block 128x128) is quantized once: its dgrad reads the transpose of its fprop's quantization."""
+in square tiles (NVFP4 16x16, FP8-block 128x128) is quantized once: its dgrad reads the transpose of its fprop's
+quantization."""
 from __future__ import annotations
 
 import operator

@@ -3,13 +3,13 @@ eager reference that quantizes the same operands (1x128 blocks, 128x128 weight t
 do not fit, an override naming it, and the experts GEMMs it does not run."""
 import pytest
 import torch
+from test_compile_numerics import grads
 
 import autoprec
 
 from gpt_model import MLP, MoE
 from helpers import bits_equal
 from reference_autograd import qlinear
-from test_compile_numerics import grads
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

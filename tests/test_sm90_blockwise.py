@@ -4,14 +4,13 @@ cuBLAS's blockwise scaling reads them; and which product ``dispatch.scaled_mm`` 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_sm100_native import on_fake_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoprec.kernels.core.operand import as_operand
 from autoprec.kernels.cuda import scaled_mm_blockwise as blockwise
 from autoprec.kernels.cuda.scaled_mm_blockwise import blockwise_problem, scaled_mm_blockwise
 from autoprec.kernels.dispatch import dense as dispatch
-
-from test_sm100_native import fake_cuda, on_fake_cuda
 
 CASES = {  # (a tiled, b tiled): the three pairs cuBLAS takes
     "1x128-128x128": (False, True),

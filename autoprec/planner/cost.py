@@ -53,7 +53,8 @@ class Hardware:
 BLACKWELL_MENU = ("bf16", "nvfp4", "mxfp8")
 BLACKWELL_NATIVE = ("nvfp4", "mxfp8", "mxfp8_e5m2")
 HARDWARE = {
-    "gb300": Hardware("gb300", 15.0, 5.0, 2.5, 8.0, BLACKWELL_MENU, BLACKWELL_NATIVE, note="Blackwell Ultra dense figures"),
+    "gb300": Hardware("gb300", 15.0, 5.0, 2.5, 8.0, BLACKWELL_MENU, BLACKWELL_NATIVE,
+                      note="Blackwell Ultra dense figures"),
     "b200": Hardware("b200", 9.0, 4.5, 2.25, 8.0, BLACKWELL_MENU, BLACKWELL_NATIVE, note="Blackwell dense figures"),
     "h100": Hardware("h100", 0.99, 0.99, 0.99, 3.35, ("bf16", "fp8_block"), ("fp8_block",), fp8_pflops=1.98,
                      note="H100/H200 SXM dense figures: FP8-block on the FP8 tensor cores; NVFP4 and MXFP8 decoded "

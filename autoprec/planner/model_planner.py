@@ -60,7 +60,8 @@ class ModelPlanner:
         scales = opts.static_activations and opts.plan is None and opts.recipe not in ("bf16", "mxfp8", "fp8_block")
         scope = opts.measure if auto or recalibrates else "amax"
         menu = get_hardware(opts.hardware).formats
-        self.calibration = Calibration(opts.mx_scale, opts.seed, scope, menu) if auto or recalibrates or scales else None
+        calibrates = auto or recalibrates or scales
+        self.calibration = Calibration(opts.mx_scale, opts.seed, scope, menu) if calibrates else None
         self.fixed = not (auto or scales)
         self.recalibrated: list[int] = []  # training steps after which re-calibrations began (recalibrate_every)
         self._module_names = list(dict.fromkeys(n for n, _ in named_modules(root, True))) if root is not None else None

@@ -175,7 +175,8 @@ def short_reason(reason: str) -> str:
 def _cells(d: "Decision") -> dict[str, str]:
     """Every cell a plan table can show for ``d``, by ``COLUMNS`` name."""
     return {"site": str(d.site), "module": d.module or "<root>", "role": str(d.role), "MxNxK": d.mnk,
-            "format": d.fmt + (f" {_tile(d.fmt)}" if d.tile2d else ""), "rounding": d.rounding if d.fmt != "bf16" else "-",
+            "format": d.fmt + (f" {_tile(d.fmt)}" if d.tile2d else ""),
+            "rounding": d.rounding if d.fmt != "bf16" else "-",
             "RHT": "yes" if d.rht else "-", "err": _score(d.err), "bias": _score(d.bias), "loss": _score(d.loss),
             "graphs": ",".join(d.graphs) or "-", "reason": d.reason}
 

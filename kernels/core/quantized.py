@@ -88,7 +88,8 @@ def check_blocks(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) ->
         if x.ndim != 2:
             raise ValueError(f"{fmt.name}: {tiles} need a 2D tensor, got shape {tuple(x.shape)}")
         if x.shape[1 - axis] % tile_rows:
-            raise ValueError(f"{fmt.name}: {tiles} need both dims of shape {tuple(x.shape)} to be multiples of {tile_rows}")
+            raise ValueError(f"{fmt.name}: {tiles} need both dims of shape {tuple(x.shape)} to be multiples of "
+                             f"{tile_rows}")
     return axis
 
 

@@ -27,8 +27,8 @@ def qmm_ref(
     """``a @ b`` for ``a`` (..., M, K) and ``b`` (..., K, N) with both operands blocked along K.
 
     ``rht`` applies the random Hadamard transform along K to both operands first (the wgrad
-    recipe). ``tile2d_b`` gives ``b`` square tiles (a weight: NVFP4's 16x16, FP8-block's 128x128). SR draws operand a's bits from
-    ``seed`` and b's from ``seed + 1``.
+    recipe). ``tile2d_b`` gives ``b`` square tiles (a weight: NVFP4's 16x16, FP8-block's 128x128). SR draws
+    operand a's bits from ``seed`` and b's from ``seed + 1``.
     """
     fmt_a, fmt_b = get_format(fmt_a), get_format(fmt_b)
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
