@@ -7,12 +7,13 @@ Per family: the recipes (mxfp8, nvfp4, nvfp4_nvidia, nvfp4 on fprop only, mxfp8 
 ``--mixtures`` random per-GEMM plans (``mixture``) are trained with ``quality.py``'s protocol, paired against BF16
 over ``--seeds`` seeds (the validation loss averaged over the last quarter). Every plan's features come from the
 same calibration the solver sees (an ``auto`` run of the seed, ``measure="all"``), averaged over the plan's GEMMs:
-the forward's loss-weighted error (the Fisher score Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y², ModelOpt AutoQuantize's), and
-for dgrad and wgrad their relative noise |Ĝ-G|²/|G|² and relative bias. The gradient terms are relative to the gradient's own size, which is what Adam's
-update divides by (its second moment is the gradient's running square), so they are the update's relative error to
-first order. The model: predicted gap (%) = Σ w_i · feature_i with w >= 0, fitted by least squares on ``--fit``'s
-plans; printed: the weights, each plan's predicted and measured gap, and the Spearman rank correlation on each
-family's plans (the held-out ``--validate`` family's is the test). ``--quick`` is a seconds-long smoke run.
+the forward's loss-weighted error (the Fisher score Σ(∂L/∂Y)²(Ŷ-Y)² / Σ(∂L/∂Y)²Y², ModelOpt AutoQuantize's), and for
+dgrad and wgrad their relative noise |Ĝ-G|²/|G|² and relative bias. The gradient terms are relative to the
+gradient's own size, which is what Adam's update divides by (its second moment is the gradient's running square), so
+they are the update's relative error to first order. The model: predicted gap (%) = Σ w_i · feature_i with w >= 0,
+fitted by least squares on ``--fit``'s plans; printed: the weights, each plan's predicted and measured gap, and the
+Spearman rank correlation on each family's plans (the held-out ``--validate`` family's is the test). ``--quick`` is
+a seconds-long smoke run.
 """
 from __future__ import annotations
 
