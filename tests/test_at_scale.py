@@ -4,7 +4,15 @@ import pytest
 import torch
 
 import autoprec
-from autoprec.planner.at_scale import MEASURED, SOURCES, TE_B300, AtScale, ReferenceShapes
+from autoprec.planner.at_scale import (
+    DECODED_RATE,
+    MEASURED,
+    SOURCES,
+    TE_B300,
+    AtScale,
+    ReferenceShapes,
+    measured_rate,
+)
 from autoprec.planner.cost import HARDWARE, get_hardware
 from autoprec.planner.model_planner import planners_of
 from autoprec.planner.options import parse_options
@@ -33,8 +41,12 @@ def test_uniform_plans_project_the_measured_rates(recipe):
 def test_every_cost_table_has_measured_rates_and_names_them():
     assert set(MEASURED) == set(SOURCES) == set(HARDWARE)
     for name, rates in MEASURED.items():
-        assert set(rates) == {"bf16", "mxfp8", "nvfp4", "fp8_block"} and rates["bf16"] == 1.0
+        assert set(rates) == {"bf16", "mxfp8", "nvfp4"} | ({"fp8_block"} if name == "h100" else set())
+        assert rates["bf16"] == 1.0
         assert all(f"{fmt.upper()} {rate:.2f}x" in SOURCES[name] for fmt, rate in rates.items() if fmt != "bf16")
+    # a format no table measures on a hardware that decodes it (FP8-block on Blackwell): the decoded rate, unlisted
+    assert measured_rate("gb300", "fp8_block") == DECODED_RATE and "FP8_BLOCK" not in SOURCES["gb300"]
+    assert measured_rate("gb300", "mxfp8_e5m2") == TE_B300["mxfp8"]
 
 
 def test_traced_widths_map_onto_the_reference_model():

@@ -38,7 +38,7 @@ from autoprec.formats import get_format
 from .cost import Hardware
 
 DECODED_RATE = 0.70  # an 8-bit format decoded to bf16 on sm_90, quantization included (MXFP8's row below)
-TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03, "fp8_block": DECODED_RATE}  # measured with quantization
+TE_B300 = {"bf16": 1.0, "mxfp8": 1.44, "nvfp4": 2.03}  # measured with quantization (source above)
 SM90 = {"bf16": 1.0, "mxfp8": DECODED_RATE, "nvfp4": 0.47, "fp8_block": 1.34}  # sources above
 MEASURED = {"gb300": TE_B300, "b200": TE_B300, "h100": SM90}
 _MEASURED_BY = {"gb300": "TE's measured B300 speedups", "b200": "TE's measured B300 speedups",
@@ -50,9 +50,10 @@ SOURCES = {hw: f"{by} with quantization: " + ", ".join(f"{fmt.upper()} {rate:.2f
 
 
 def measured_rate(hw: str, fmt: str) -> float:
-    """The at-scale speedup over BF16 of a GEMM in ``fmt`` on hardware table ``hw`` (MXFP8's for its E5M2 variant)."""
+    """The at-scale speedup over BF16 of a GEMM in ``fmt`` on hardware table ``hw`` (MXFP8's for its E5M2 variant;
+    ``DECODED_RATE`` for a format the table does not measure, which that hardware decodes)."""
     name = get_format(fmt).name
-    return MEASURED[hw]["mxfp8" if name == "mxfp8_e5m2" else name]
+    return MEASURED[hw].get("mxfp8" if name == "mxfp8_e5m2" else name, DECODED_RATE)
 
 
 @dataclass(frozen=True)
