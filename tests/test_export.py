@@ -149,6 +149,33 @@ def test_mixed_formats_and_a_tied_head(tmp_path):
                        export_plan(gpt2, "plan").weights[0].weight_values().bfloat16())
 
 
+def test_fp8_block_is_written_as_compressed_tensors_fp8_block(tmp_path):
+    """Hopper's recipe: 128x128-tiled weights as the FP8 block scheme (strategy block, fp32 tile scales), weights
+    whose rows take no tiles (the 64-row k/v projections) as 1x128 groups, inputs dynamic per 128 values; every
+    weight decompresses to autoprec's dequantized values exactly. ModelOpt's export refuses it, naming the module."""
+    policy = tiny_model("llama", hidden=128)
+    sampler = compile_sampler(policy, "fp8_block", hardware="h100")
+    ids, mask = prompts(batch=3, max_len=5, vocab=policy.config.vocab_size)
+    sample(sampler, ids, mask, new_tokens=2)
+    path = autoprec.export(sampler, tmp_path / "fp8")
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    groups = {g["weights"]["strategy"]: g for g in qc["config_groups"].values()}
+    assert set(groups) == {"block", "group"} and qc["format"] == "float-quantized"
+    assert groups["block"]["weights"]["block_structure"] == [128, 128]
+    assert groups["group"]["weights"]["group_size"] == 128
+    assert all(g["input_activations"]["dynamic"] is True and g["input_activations"]["group_size"] == 128
+               for g in groups.values())
+    assert all(m.endswith(("k_proj", "v_proj")) for m in groups["group"]["targets"])
+    weights = decompressed(path)
+    linears = export_plan(sampler, "plan").weights
+    assert len(weights) == len(linears) == 15  # 7 per layer and the head
+    for q in linears:
+        assert torch.equal(weights[q.module].to(torch.float32), q.weight_values()), q.module
+    assert "FP8-block inputs are quantized by the engine" in (path / "README.md").read_text()
+    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.q_proj' runs fp8_block, which the ModelOpt"):
+        autoprec.export(sampler, tmp_path / "modelopt", format="modelopt")
+
+
 def test_what_cannot_be_exported_raises(tmp_path):
     """A pretraining plan's dynamic NVFP4 activation scales raise, naming the module, unless weights only are
     exported (compressed-tensors)."""

@@ -32,6 +32,10 @@ def export(model: torch.nn.Module, directory: str | Path, format: str = "compres
         raise ValueError("autoprec.export: ModelOpt's NVFP4 and MXFP8 quantize the input too; "
                          "export weights only with format='compressed-tensors'")
     ep = export_plan(model, activations)
+    fp8 = [q.module for q in ep.weights if q.fmt == "fp8_block"]
+    if format == "modelopt" and fp8:
+        raise ValueError(f"autoprec.export: {fp8[0]!r} runs fp8_block, which the ModelOpt export does not write (it "
+                         f"writes NVFP4 and MXFP8); export it with format='compressed-tensors' (its FP8 block scheme)")
     config = getattr(ep.root, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError(f"autoprec.export writes Hugging Face checkpoints: this {type(ep.root).__name__} has no "
@@ -83,6 +87,10 @@ def _note(ep: ExportPlan, ck: Checkpoint, format: str) -> str:
                      "Each is chosen so that its fp32 reciprocal is autoprec's encoding scale, but about one fp32 "
                      "value in nine is no fp32 number's reciprocal: such a scale comes back one unit in the last "
                      "place off.")
+    if any(q.fmt == "fp8_block" for q in ep.weights) and any(q.activations for q in ep.weights):
+        lines.append("- FP8-block inputs are quantized by the engine at run time, per 128 values, with its own scale "
+                     "rule (engines divide by amax / 448; autoprec's scales are that factor's power of two), so "
+                     "engine activations can differ from autoprec's sampler in the last bits.")
     if ck.untied:
         lines.append(f"- {', '.join(ck.untied)} shared its weight with another module; it is quantized here, so the "
                      f"config unties them (tie_word_embeddings false) and the other module keeps the weight as it is.")

@@ -43,7 +43,7 @@ def assemble(ep: ExportPlan, format: str) -> Checkpoint:
     tensors = checkpoint_names(model, plain)
     schemes: dict[tuple[str, bool], list[QuantizedWeight]] = {}
     for q in ep.weights:
-        schemes.setdefault((q.fmt, q.activations), []).append(q)
+        schemes.setdefault((q.scheme, q.activations), []).append(q)
     modules: dict[str, tuple[str, bool]] = {}
     for scheme, weights in schemes.items():  # one renaming per scheme and part: the modules of its keys take it
         parts: dict[str, dict[str, torch.Tensor]] = {}

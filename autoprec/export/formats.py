@@ -17,7 +17,16 @@ NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 1
               "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
 MXFP8_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": 32, "strategy": "group",
               "dynamic": False, "scale_dtype": "torch.uint8"}
-CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp8": "mxfp8-quantized"}
+# FP8-block (DeepSeek-V3's, compressed-tensors' FP8_BLOCK preset): fp32 scales per 128x128 weight tile (strategy
+# block) or per 128 values of a weight row (group), the input quantized per 128 values at run time (dynamic group)
+FP8_BLOCK_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "block", "block_structure": [128, 128],
+                  "dynamic": False}
+FP8_ROWS_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 128,
+                 "dynamic": False}
+FP8_INPUT_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 128,
+                  "dynamic": True}
+CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp8": "mxfp8-quantized", "fp8_block": "float-quantized",
+              "fp8_block_rows": "float-quantized"}
 
 
 # per-module scalars, and the shape each format stores them in
@@ -26,7 +35,12 @@ SCALARS = {"weight_global_scale": (1,), "input_global_scale": (1,), "weight_scal
 
 def ct_group(fmt: str, activations: bool, targets: list[str]) -> dict:
     """One ``config_groups`` entry: the weights' args, the input's (NVFP4: local E4M3 block scales under the static
-    global scale; MXFP8: dynamic E8M0 blocks), or none for weights only."""
+    global scale; MXFP8: dynamic E8M0 blocks; FP8-block: dynamic fp32 scales per 128 values), or none for weights
+    only. ``fmt``: a ``QuantizedWeight.scheme``."""
+    if fmt.startswith("fp8_block"):
+        weights = dict(FP8_BLOCK_ARGS if fmt == "fp8_block" else FP8_ROWS_ARGS)
+        return {"targets": targets, "weights": weights, "input_activations": dict(FP8_INPUT_ARGS) if activations
+                else None, "output_activations": None, "format": CT_FORMATS[fmt]}
     weights = dict(NVFP4_ARGS if fmt == "nvfp4" else MXFP8_ARGS)
     inputs = None
     if activations:
@@ -53,7 +67,7 @@ def ct_config(groups: dict[tuple[str, bool], list[str]], ignore: list[str]) -> d
 
 def ct_tensors(q: QuantizedWeight) -> dict[str, torch.Tensor]:
     """The tensors compressed-tensors names for ``q``, by their name under the module (``SCALARS`` per expert)."""
-    if q.fmt == "mxfp8":
+    if q.fmt in ("mxfp8", "fp8_block"):
         return {"weight": q.codes, "weight_scale": q.scales}
     out = {"weight_packed": q.codes, "weight_scale": q.scales.view(torch.float8_e4m3fn),
            "weight_global_scale": 1 / q.s_dec}

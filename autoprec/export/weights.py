@@ -14,14 +14,16 @@ from autoprec.kernels.reference.nvfp4 import nvfp4_encode_scale
 from autoprec.planner.plan import Decision
 from autoprec.roles import MatmulRole
 
-EXPORTED_FORMATS = ("nvfp4", "mxfp8")
+EXPORTED_FORMATS = ("nvfp4", "mxfp8", "fp8_block")
 
 
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A Linear's weight (N, K), or an experts parameter (E, N, K) with one quantization per expert, as the plan's
     forward runs it. ``param``: its name in the model's state dict. ``scales`` has one row per weight row (a 16x16
-    tile's scale repeated over its 16 rows: the same values); ``s_dec``: NVFP4's fp32 tensor scale, one per expert.
+    tile's scale repeated over its 16 rows: the same values), except FP8-block's 128x128 tiles (``tile_rows`` 128),
+    one fp32 scale per tile as the format's block strategy stores them; ``s_dec``: NVFP4's fp32 tensor scale, one per
+    expert.
     ``activations``: whether the checkpoint says how the input is quantized (the same format: NVFP4 under the
     static ``input_amax``, MXFP8 with per-block scales) or leaves it unquantized (weights only)."""
 
@@ -32,10 +34,18 @@ class QuantizedWeight:
     s_dec: torch.Tensor | None
     activations: bool
     input_amax: float | None
+    tile_rows: int = 1
 
     @property
     def module(self) -> str:
         return self.param.removesuffix(".weight")
+
+    @property
+    def scheme(self) -> str:
+        """The checkpoint scheme: the format, and for FP8-block its weight blocks (128x128 tiles or 1x128 rows)."""
+        if self.fmt == "fp8_block":
+            return "fp8_block" if self.tile_rows > 1 else "fp8_block_rows"
+        return self.fmt
 
     def weight_values(self) -> torch.Tensor:
         """fp32 values of the quantized weight, as autoprec dequantizes them."""
@@ -43,12 +53,12 @@ class QuantizedWeight:
         if self.codes.ndim == 3:
             return torch.stack([self._expert(e).weight_values() for e in range(self.codes.shape[0])])
         shape = torch.Size((self.codes.shape[0], self.scales.shape[1] * fmt.block_size))
-        return dequantize(QuantizedTensor(fmt, self.codes, self.scales, self.s_dec, 1, shape))
+        return dequantize(QuantizedTensor(fmt, self.codes, self.scales, self.s_dec, 1, shape, self.tile_rows))
 
     def _expert(self, e: int) -> "QuantizedWeight":
         s_dec = None if self.s_dec is None else self.s_dec[e]
         return QuantizedWeight(self.param, self.fmt, self.codes[e], self.scales[e], s_dec, self.activations,
-                               self.input_amax)
+                               self.input_amax, self.tile_rows)
 
     def input_global_scale(self) -> torch.Tensor:
         """NVFP4's activation S_enc for the static amax, as the quantizer computes it (shape [1], fp32)."""
@@ -132,4 +142,4 @@ def _quantized(param: str, weight: torch.Tensor, d: Decision, scale_mode: str, a
 
     return QuantizedWeight(param, d.fmt, joined([q.codes for q in parts]), joined(scales),
                            None if s_dec is None else (s_dec if weight.ndim == 3 else s_dec[0]),
-                           activations == "plan", amax)
+                           activations == "plan", amax, parts[0].tile_rows if d.fmt == "fp8_block" else 1)
