@@ -8,6 +8,7 @@ import autoprec
 from autoprec.kernels import quantize_ref
 from autoprec.kernels.core.operand import as_operand
 from autoprec.kernels.core.random_bits import sr_stream
+from autoprec.kernels.cuda.scaled_mm_blockwise import blockwise_problem
 from autoprec.kernels.dispatch import dense as dispatch
 from autoprec.kernels.dispatch import grouped as grouped_dispatch
 from autoprec.kernels.dispatch.grouped_mm import grouped_mm
@@ -46,6 +47,22 @@ def test_gpu_matmul_matches_reference(monkeypatch, fa, fb, out_dtype, bias_dtype
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.scaled_mm(qa, qb, bias, torch.float32)
     assert_matches_reference(got, want, out_dtype)
+
+
+@pytest.mark.parametrize("tiles", [(False, True), (False, False), (True, False)], ids=["1x128.128x128",
+                                                                                     "1x128.1x128", "128x128.1x128"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_fp8_block_matmul_matches_reference(monkeypatch, tiles, out_dtype):
+    """FP8-block on sm_90: cuBLAS's blockwise GEMM (the reference product on any other GPU), bias in fp32."""
+    gen = torch.Generator().manual_seed(3)
+    a, b, bias = torch.randn(384, 640, generator=gen), torch.randn(640, 256, generator=gen), torch.randn(256)
+    qa, qb = quantize_ref(a, "fp8_block", 1, tile2d=tiles[0]), quantize_ref(b, "fp8_block", 0, tile2d=tiles[1])
+    ga, gb = to_device(qa, "cuda"), to_device(qb, "cuda")
+    why = blockwise_problem(torch.cuda.get_device_capability(), as_operand(ga, 1, "a"), as_operand(gb, 0, "b"))
+    assert (why is None) == (torch.cuda.get_device_capability()[0] == 9), why
+    got = dispatch.scaled_mm(ga, gb, bias.cuda(), out_dtype).cpu()
+    monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
+    assert_matches_reference(got, dispatch.scaled_mm(qa, qb, bias, torch.float32), out_dtype)
 
 
 @pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("mxfp8", "nvfp4")])
@@ -290,7 +307,7 @@ def compiled_gpt(device: str, options: dict, mode: str | None = None):
     return model, compiled, idx, tgt
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8", "fp8_block"])
 def test_gpu_compiled_training_step_never_waits_for_the_gpu(fresh_dynamo, recipe):
     _, compiled, idx, tgt = compiled_gpt("cuda", {"recipe": recipe})
     for sync_mode in ("default", "error"):  # the first step compiles and tunes
@@ -315,7 +332,7 @@ def step(device: str, options: dict) -> tuple[list[torch.Tensor], autoprec.Plan]
     return [torch.stack(losses).cpu(), *(p.grad.cpu() for p in model.parameters())], autoprec.plan(compiled)
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8", "auto"])
+@pytest.mark.parametrize("recipe", ["nvfp4_nvidia", "mxfp8", "fp8_block", "auto"])
 @pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
 def test_gpu_training_steps_match_the_cpu(fresh_dynamo, recipe, inner):
     """The same plan on the GPU's kernels and on the CPU's: products differ only in fp32 accumulation order

@@ -162,3 +162,12 @@ def test_gpu_one_read_kernel_equals_two_references(monkeypatch, fmt, config, pai
     monkeypatch.setenv("AUTOPREC_KERNELS", "ref")
     want = dispatch.quantize_dual(x, fmt, *copies)
     assert_both_same(kernel, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("axis,tile2d", [(1, False), (0, False), (1, True)], ids=["rows", "cols", "128x128"])
+def test_gpu_fp8_block_quantize_equals_reference(monkeypatch, dtype, axis, tile2d):
+    """Hopper's FP8-block quantizer (one Triton kernel; RNE by the GPU's E4M3 conversion) byte for byte."""
+    x = edge_tensor(768, 1536).to(dtype)
+    got, want = gpu_and_ref(monkeypatch, lambda t: dispatch.quantize(t, "fp8_block", axis, tile2d=tile2d), x)
+    assert_same(got, want)
