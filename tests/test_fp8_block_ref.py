@@ -53,12 +53,14 @@ def test_reference_equals_the_oracle_bit_for_bit(tile2d, seed):
     x[3, 130:140] = 0.0  # a partly zero block
     x[128:256, 256:384] = 0.0 if tile2d else x[128:256, 256:384]  # a whole zero tile
     x[5, :128] = 0.0  # a zero block
-    x[7, 0] = 1e-45  # a subnormal amax: the encode factor overflows to FLT_MAX
+    x[7, :128] = 0.0
+    x[7, 0] = 1e-45  # a subnormal amax (1x128): the encode factor overflows to FLT_MAX, the scale is 2**-127
     q = quantize_ref(x, "fp8_block", 1, tile2d=tile2d)
     want_vals, want_scales = oracle(x.numpy(), 128 if tile2d else 1)
     assert q.codes.dtype == torch.float8_e4m3fn and q.scales.dtype == torch.float32
     assert torch.equal(q.codes.float(), torch.from_numpy(want_vals))
     assert bits_equal(q.scales, torch.from_numpy(want_scales))
+    assert tile2d or q.scales[7, 0] == 2.0**-127
     dec = torch.from_numpy(want_vals) * torch.from_numpy(want_scales).repeat_interleave(
         128 if tile2d else 1, 0).repeat_interleave(128, 1)
     assert bits_equal(dequantize_ref(q), dec)
