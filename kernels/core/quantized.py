@@ -99,6 +99,25 @@ def blocked_view(x: torch.Tensor, fmt: Format, axis: int, tile_rows: int = 1) ->
     return x.to(torch.float32).movedim(axis, -1).contiguous()
 
 
+def as_blocks(x: torch.Tensor, block: int, tile_rows: int) -> torch.Tensor:
+    """A blocked view's blocks: (..., K) -> (..., K/block, block), or with square tiles (``tile_rows`` = the tile
+    side) (R, K) -> (R/t, K/t, t·t), each tile's values in one row."""
+    if tile_rows == 1:
+        return x.unflatten(-1, (-1, block))
+    r, k = x.shape
+    t = tile_rows
+    return x.reshape(r // t, t, k // t, t).permute(0, 2, 1, 3).flatten(-2)
+
+
+def from_blocks(b: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """The inverse of ``as_blocks``."""
+    if tile_rows == 1:
+        return b.flatten(-2)
+    rb, kb, _ = b.shape
+    t = tile_rows
+    return b.unflatten(-1, (t, t)).permute(0, 2, 1, 3).reshape(rb * t, kb * t)
+
+
 def block_amax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block max|x| over the finite values (last dim) and the mask of blocks holding NaN/Inf.
 

@@ -15,7 +15,15 @@ import torch
 
 from autoprec.formats import E4M3, FP8_BLOCK
 
-from ..core.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis, reference_core
+from ..core.quantized import (
+    QuantizedTensor,
+    as_blocks,
+    block_amax,
+    blocked_view,
+    from_blocks,
+    normalize_axis,
+    reference_core,
+)
 from .rounding import FLT_MAX, floor_log2, pow2, round_to_element
 
 BLOCK = FP8_BLOCK.block_size
@@ -26,21 +34,6 @@ def fp8_block_exponent(amax: torch.Tensor) -> torch.Tensor:
     0 for an all-zero block (int32)."""
     q = torch.clamp(torch.full_like(amax, E4M3.max) / amax, max=FLT_MAX)  # a tensor divisor: correctly rounded
     return torch.where(amax > 0, floor_log2(q), 0)
-
-
-def _tile(x: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    """(..., K) -> (..., K/128, 128) blocks, or (R, K) -> (R/128, K/128, 128·128) tiles."""
-    if tile_rows == 1:
-        return x.unflatten(-1, (-1, BLOCK))
-    r, k = x.shape
-    return x.reshape(r // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3).flatten(-2)
-
-
-def _untile(t: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    if tile_rows == 1:
-        return t.flatten(-2)
-    rb, kb, _ = t.shape
-    return t.unflatten(-1, (BLOCK, BLOCK)).permute(0, 2, 1, 3).reshape(rb * BLOCK, kb * BLOCK)
 
 
 def quantize_fp8_block_ref(
@@ -58,13 +51,13 @@ def quantize_fp8_block_ref(
 
 def fp8_block_core(xm: torch.Tensor, r: torch.Tensor | None, tile_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tensor part of the quantizer on the blocked fp32 view: fp32 elements on the E4M3 grid, fp32 decode scales."""
-    blocks = _tile(xm, tile_rows)
+    blocks = as_blocks(xm, BLOCK, tile_rows)
     amax, bad = block_amax(blocks)
     e = fp8_block_exponent(amax)
-    rb = None if r is None else _tile(r, tile_rows)
+    rb = None if r is None else as_blocks(r, BLOCK, tile_rows)
     elems = round_to_element(blocks * pow2(e)[..., None], E4M3, rb)
     scales = torch.where(bad, float("nan"), decode_factor(e))
-    return _untile(elems, tile_rows), scales
+    return from_blocks(elems, tile_rows), scales
 
 
 def decode_factor(e: torch.Tensor) -> torch.Tensor:
@@ -78,4 +71,4 @@ def dequantize_fp8_block_ref(q: QuantizedTensor) -> torch.Tensor:
 
 
 def fp8_block_values(codes: torch.Tensor, scales: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    return _untile(_tile(codes, tile_rows) * scales[..., None], tile_rows)
+    return from_blocks(as_blocks(codes, BLOCK, tile_rows) * scales[..., None], tile_rows)

@@ -10,7 +10,15 @@ import torch
 
 from autoprec.formats import E2M1, E4M3, NVFP4
 
-from ..core.quantized import QuantizedTensor, block_amax, blocked_view, normalize_axis, reference_core
+from ..core.quantized import (
+    QuantizedTensor,
+    as_blocks,
+    block_amax,
+    blocked_view,
+    from_blocks,
+    normalize_axis,
+    reference_core,
+)
 from .rounding import (
     FLT_MAX,
     e2m1_decode,
@@ -38,21 +46,6 @@ def nvfp4_encode_scale(amax_t: torch.Tensor) -> torch.Tensor:
 def scale_to_block(s_enc: torch.Tensor) -> torch.Tensor:
     """S_enc · fp32(1/6): the factor from a block amax to its E4M3 scale before rounding."""
     return s_enc * ONE_SIXTH
-
-
-def _tile(x: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    """(..., K) -> (..., K/16, 16) blocks, or (R, K) -> (R/16, K/16, 256) tiles."""
-    if tile_rows == 1:
-        return x.unflatten(-1, (-1, BLOCK))
-    r, k = x.shape
-    return x.reshape(r // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3).flatten(-2)
-
-
-def _untile(t: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    if tile_rows == 1:
-        return t.flatten(-2)
-    rb, kb, _ = t.shape
-    return t.unflatten(-1, (BLOCK, BLOCK)).permute(0, 2, 1, 3).reshape(rb * BLOCK, kb * BLOCK)
 
 
 def quantize_nvfp4_ref(
@@ -94,16 +87,16 @@ def nvfp4_core(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tensor part of the quantizer on the blocked fp32 view: packed codes, fp32 block scales, S_dec.
     The tensor amax is ``amax_t`` where given, else the max of the block amaxes, which leave NaN/Inf out."""
-    blocks = _tile(xm, tile_rows)
+    blocks = as_blocks(xm, BLOCK, tile_rows)
     amax_b, bad = block_amax(blocks)
     s_enc = nvfp4_encode_scale(amax_b.amax() if amax_t is None else amax_t)
     s_dec = 1.0 / s_enc
     s_b = round_to_element(amax_b * scale_to_block(s_enc), E4M3)
     s_b = torch.where(bad, float("nan"), s_b)
     e_b = torch.clamp(1.0 / (s_b * s_dec), max=FLT_MAX)
-    rt = None if r is None else _tile(r, tile_rows)
+    rt = None if r is None else as_blocks(r, BLOCK, tile_rows)
     v = round_to_element(torch.clamp(blocks * e_b[..., None], -E2M1.max, E2M1.max), E2M1, rt)
-    return pack_nibbles(e2m1_encode(_untile(v, tile_rows))), s_b, s_dec.reshape(())
+    return pack_nibbles(e2m1_encode(from_blocks(v, tile_rows))), s_b, s_dec.reshape(())
 
 
 def dequantize_nvfp4_ref(q: QuantizedTensor) -> torch.Tensor:
@@ -113,8 +106,8 @@ def dequantize_nvfp4_ref(q: QuantizedTensor) -> torch.Tensor:
 
 
 def nvfp4_values(codes: torch.Tensor, scales: torch.Tensor, s_dec: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    vals = _tile(e2m1_decode(unpack_nibbles(codes)), tile_rows)
-    return _untile(vals * scales[..., None] * s_dec, tile_rows)
+    vals = as_blocks(e2m1_decode(unpack_nibbles(codes)), BLOCK, tile_rows)
+    return from_blocks(vals * scales[..., None] * s_dec, tile_rows)
 
 
 def transpose_tiles_ref(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
