@@ -29,7 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from quality import FIXED, ROOT, build, mean_se, run
+from quality import FIXED, build, mean_se, protocol_arguments, quick, run
 from rich.progress import Progress
 
 from autoprec.roles import MatmulRole
@@ -162,23 +162,13 @@ def main() -> None:
     parser.add_argument("--fit", default="gpt")
     parser.add_argument("--validate", default="llama")
     parser.add_argument("--mixtures", type=int, default=6)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--d", type=int, default=64)
-    parser.add_argument("--ctx", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--val-batches", type=int, default=10)
-    parser.add_argument("--checkpoints", type=int, default=4)
-    parser.add_argument("--moe", type=int, default=0)
+    protocol_arguments(parser, layers=2, d=64, ctx=64, batch=16, steps=300, seeds=3, val_batches=10)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 1 seed")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs of --out/damage_fit.json (made with the same settings) and add the missing")
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, 1, 1
+        quick(args, seeds=1)
         args.mixtures = 1
     args.out.mkdir(parents=True, exist_ok=True)
     data = split(stdlib_bytes())

@@ -272,28 +272,39 @@ def earlier_results(args) -> list[dict]:
     return saved["results"]
 
 
+def protocol_arguments(parser: argparse.ArgumentParser, layers: int = 4, d: int = 128, ctx: int = 128,
+                       batch: int = 32, steps: int = 400, seeds: int = 6, val_batches: int = 20) -> None:
+    """The training protocol's options (``run`` reads them), with these defaults; ``--quick`` is ``quick``'s."""
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--d", type=int, default=d)
+    parser.add_argument("--ctx", type=int, default=ctx)
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--seeds", type=int, default=seeds)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--val-batches", type=int, default=val_batches)
+    parser.add_argument("--checkpoints", type=int, default=4,
+                        help="validation checkpoints over the last quarter of training; the gaps compare their mean")
+    parser.add_argument("--moe", type=int, default=0, help="experts per MoE MLP of the GPT (0: dense MLPs)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
+
+
+def quick(args, seeds: int) -> None:
+    """``--quick``'s smoke-run protocol: 1 layer, d=32, 3 steps, ``seeds`` seeds."""
+    args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, seeds, 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt,llama")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d", type=int, default=128)
-    parser.add_argument("--ctx", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--seeds", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--val-batches", type=int, default=20)
-    parser.add_argument("--checkpoints", type=int, default=4,
-                        help="validation checkpoints over the last quarter of training; the gaps compare their mean")
+    protocol_arguments(parser)
     parser.add_argument("--recipes", default=",".join(DEFAULT_ROWS))
-    parser.add_argument("--moe", type=int, default=0, help="experts per MoE MLP of the GPT (0: dense MLPs)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 layer, d=32, 3 steps, 2 seeds")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out")
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs of --out/quality.json (same settings) and run only the missing ones")
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.d, args.ctx, args.batch, args.steps, args.seeds, args.val_batches = 1, 32, 32, 2, 3, 2, 1
+        quick(args, seeds=2)
     args.out.mkdir(parents=True, exist_ok=True)
     families, recipes = args.models.split(","), args.recipes.split(",")
     for r in recipes:
