@@ -129,8 +129,9 @@ def transpose_tiles(codes: Tensor, scales: Tensor, fmt: str = "nvfp4") -> tuple[
 @_fake(transpose_tiles)
 def _(codes, scales, fmt="nvfp4"):
     rows, k = codes.shape
-    if get_format(fmt) is FP8_BLOCK:  # fp32 scales as 4 bytes each
-        return codes.new_empty((k, rows)), scales.new_empty((k // 128, scales.shape[0] * 4))
+    if get_format(fmt) is FP8_BLOCK:  # fp32 scales as bytes
+        scale_bytes = FP8_BLOCK.scale.bits // 8
+        return codes.new_empty((k, rows)), scales.new_empty((k // FP8_BLOCK.tile, scales.shape[0] * scale_bytes))
     return codes.new_empty((2 * k, rows // 2)), scales.new_empty((scales.shape[1], scales.shape[0]))
 
 
